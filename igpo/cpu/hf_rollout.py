@@ -1,0 +1,293 @@
+"""A Hugging Face transformers rollout server for verl's agent loops on CPU (rollout name ``hf``).
+
+verl 0.9.1 only serves rollouts through vLLM, SGLang or TensorRT-LLM, none of which runs on a CPU-only machine.
+This module implements the same contracts with plain ``transformers``:
+
+* ``HFRolloutServer`` — the Ray actor behind ``LLMServerClient.generate`` (token in, token out), with per-token
+  log-probs, vLLM-compatible ``prompt_logprobs`` (what rollout-side answer scoring uses) and weight updates.
+  Concurrent requests are gathered into batches and decoded together with a KV cache.
+* ``HFReplica`` — the ``RolloutReplica`` that starts one server per replica.
+* ``HFServerAdapter`` — the ``BaseRollout`` living in each hybrid actor worker; it pushes the trainer's weights
+  to the server after every update, so rollouts always sample from the current policy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any, Generator, Optional
+
+import ray
+import torch
+from verl.workers.rollout.base import BaseRollout
+from verl.workers.rollout.replica import RolloutReplica, TokenOutput
+
+logger = logging.getLogger(__name__)
+
+SERVER_NAME = "igpo_hf_rollout_server_{replica_rank}"
+MAX_BATCH = 64
+
+
+@dataclass
+class _Request:
+    prompt_ids: list[int]
+    max_tokens: int
+    temperature: float
+    top_p: float
+    top_k: int
+    prompt_logprobs: Optional[int]
+    future: asyncio.Future = field(repr=False)
+
+
+def _sample(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
+    """Sample one token per row; rows with temperature 0 are greedy. Vectorised over the batch."""
+    greedy = logits.argmax(-1)
+    scaled = logits / temperature.clamp_min(1e-5)[:, None]
+    vocab = logits.shape[-1]
+    k = torch.where(top_k > 0, top_k.clamp(max=vocab), torch.full_like(top_k, vocab))
+    sorted_logits, sorted_idx = scaled.sort(-1, descending=True)
+    ranks = torch.arange(vocab)[None, :]
+    probs = sorted_logits.softmax(-1)
+    # Keep the smallest prefix whose mass reaches top_p (the top token always survives), within top_k.
+    keep = ((probs.cumsum(-1) - probs) < top_p[:, None]) & (ranks < k[:, None])
+    sorted_logits = sorted_logits.masked_fill(~keep, float("-inf"))
+    choice = torch.multinomial(sorted_logits.softmax(-1), 1).squeeze(-1)
+    sampled = sorted_idx.gather(-1, choice[:, None]).squeeze(-1)
+    return torch.where(temperature > 0, sampled, greedy)
+
+
+class HFRolloutServer:
+    """Token-in-token-out generation with a transformers causal LM; one instance per rollout replica."""
+
+    def __init__(self, model_path: str, max_model_len: int, response_length: int, dtype: str = "float32"):
+        from transformers import AutoModelForCausalLM
+
+        torch.set_num_threads(max(1, int(os.environ.get("IGPO_CPU_ROLLOUT_THREADS", "1"))))
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype))
+        self.model.eval()
+        self.eos_ids = set(self._eos_ids())
+        self.pad_id = self.model.config.pad_token_id or 0
+        self.max_model_len = max_model_len
+        self.response_length = response_length
+        self.global_steps: Optional[int] = None
+        self._queue: asyncio.Queue[_Request] | None = None
+        self._worker: asyncio.Task | None = None
+
+    def _eos_ids(self) -> list[int]:
+        eos = self.model.generation_config.eos_token_id
+        if eos is None:
+            eos = self.model.config.eos_token_id
+        return list(eos) if isinstance(eos, (list, tuple)) else [eos]
+
+    # ---- generation -------------------------------------------------------------------------------------------
+
+    async def generate(
+        self,
+        prompt_ids: list[int],
+        sampling_params: dict[str, Any],
+        request_id: str,
+        image_data: Optional[list[Any]] = None,
+        video_data: Optional[list[Any]] = None,
+        **_: Any,
+    ) -> TokenOutput:
+        if image_data or video_data:
+            raise ValueError("the CPU hf rollout serves text-only models; got image/video inputs")
+        prompt_ids = list(prompt_ids)
+        room = self.max_model_len - len(prompt_ids)
+        if room < 1:
+            raise ValueError(
+                f"prompt of {len(prompt_ids)} tokens leaves no room to generate within max_model_len="
+                f"{self.max_model_len}; shorten the context or raise actor_rollout_ref.rollout.max_model_len")
+        max_tokens = sampling_params.get("max_tokens", sampling_params.get("max_new_tokens", self.response_length))
+        if self._queue is None:
+            self._queue = asyncio.Queue()
+            self._worker = asyncio.create_task(self._serve())
+        request = _Request(
+            prompt_ids=prompt_ids,
+            max_tokens=max(1, min(int(max_tokens), room)),
+            temperature=float(sampling_params.get("temperature", 1.0)),
+            top_p=float(sampling_params.get("top_p", 1.0)),
+            top_k=int(sampling_params.get("top_k", -1) or -1),
+            prompt_logprobs=sampling_params.get("prompt_logprobs"),
+            future=asyncio.get_running_loop().create_future(),
+        )
+        await self._queue.put(request)
+        token_ids, log_probs, stop_reason, prompt_lp = await request.future
+        extra_fields: dict[str, Any] = {"global_steps": self.global_steps}
+        if prompt_lp is not None:
+            extra_fields["prompt_logprobs"] = prompt_lp
+            extra_fields["prompt_ids"] = [[t] for t in prompt_ids[1:]] + [[0]]
+        return TokenOutput(token_ids=token_ids, log_probs=log_probs, stop_reason=stop_reason,
+                           extra_fields=extra_fields)
+
+    async def _serve(self) -> None:
+        """Gather whatever requests are waiting into one batch; decode it in a thread so requests keep arriving."""
+        while True:
+            batch = [await self._queue.get()]
+            while not self._queue.empty() and len(batch) < MAX_BATCH:
+                batch.append(self._queue.get_nowait())
+            try:
+                results = await asyncio.to_thread(self._generate_batch, batch)
+            except Exception as error:  # noqa: BLE001 - forwarded to every waiting caller
+                for request in batch:
+                    if not request.future.done():
+                        request.future.set_exception(error)
+                continue
+            for request, result in zip(batch, results):
+                if not request.future.done():
+                    request.future.set_result(result)
+
+    @torch.no_grad()
+    def _generate_batch(self, batch: list[_Request]):
+        from transformers import DynamicCache
+
+        size = len(batch)
+        lengths = torch.tensor([len(r.prompt_ids) for r in batch])
+        width = int(lengths.max())
+        # Left padding so that every row's next token is at the same column.
+        input_ids = torch.full((size, width), self.pad_id, dtype=torch.long)
+        attention = torch.zeros((size, width), dtype=torch.long)
+        for row, request in enumerate(batch):
+            input_ids[row, width - len(request.prompt_ids):] = torch.tensor(request.prompt_ids)
+            attention[row, width - len(request.prompt_ids):] = 1
+        positions = (attention.cumsum(-1) - 1).clamp_min(0)
+        temperature = torch.tensor([r.temperature for r in batch])
+        top_p = torch.tensor([r.top_p for r in batch])
+        top_k = torch.tensor([r.top_k for r in batch])
+        max_tokens = torch.tensor([r.max_tokens for r in batch])
+
+        cache = DynamicCache()
+        out = self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions,
+                         past_key_values=cache, use_cache=True)
+        prompt_lp = self._prompt_logprobs(batch, out.logits, width)
+        logits = out.logits[:, -1, :].float()
+
+        tokens: list[list[int]] = [[] for _ in range(size)]
+        logps: list[list[float]] = [[] for _ in range(size)]
+        done = torch.zeros(size, dtype=torch.bool)
+        eos = torch.tensor(sorted(self.eos_ids))
+        next_pos = positions[:, -1] + 1
+        for step in range(int(max_tokens.max())):
+            # Log-probs of the sampled tokens under logits / temperature, as verl's actor computes them.
+            scale = torch.where(temperature > 0, temperature, torch.ones_like(temperature))
+            log_softmax = (logits / scale[:, None]).log_softmax(-1)
+            chosen = _sample(logits, temperature, top_p, top_k)
+            chosen_lp = log_softmax.gather(-1, chosen[:, None]).squeeze(-1)
+            for row in torch.nonzero(~done).flatten().tolist():
+                tokens[row].append(int(chosen[row]))
+                logps[row].append(float(chosen_lp[row]))
+            done |= torch.isin(chosen, eos) | (step + 1 >= max_tokens)
+            if bool(done.all()):
+                break
+            attention = torch.cat([attention, torch.ones((size, 1), dtype=torch.long)], dim=-1)
+            out = self.model(input_ids=chosen[:, None], attention_mask=attention, position_ids=next_pos[:, None],
+                             past_key_values=cache, use_cache=True)
+            logits = out.logits[:, -1, :].float()
+            next_pos = next_pos + 1
+
+        results = []
+        for row, request in enumerate(batch):
+            stopped_on_eos = bool(tokens[row]) and tokens[row][-1] in self.eos_ids
+            results.append((tokens[row], logps[row], "completed" if stopped_on_eos else "length", prompt_lp[row]))
+        return results
+
+    @staticmethod
+    def _prompt_logprobs(batch: list[_Request], logits: torch.Tensor, width: int) -> list[Optional[list[list[float]]]]:
+        """vLLM's layout: entry i = [log p(prompt[i+1] | prompt[:i+1])], then one [0.0] pad for the last token."""
+        wanted = [r.prompt_logprobs is not None for r in batch]
+        if not any(wanted):
+            return [None] * len(batch)
+        log_softmax = logits.float().log_softmax(-1)
+        result: list[Optional[list[list[float]]]] = []
+        for row, request in enumerate(batch):
+            if not wanted[row]:
+                result.append(None)
+                continue
+            n = len(request.prompt_ids)
+            start = width - n
+            targets = torch.tensor(request.prompt_ids[1:], dtype=torch.long)
+            picked = log_softmax[row, start:width - 1].gather(-1, targets[:, None]).squeeze(-1)
+            result.append([[float(v)] for v in picked] + [[0.0]])
+        return result
+
+    # ---- weights and lifecycle (the hybrid engine's sleep/wake protocol is a no-op on CPU) --------------------
+
+    def update_weights(self, state_dict: dict[str, torch.Tensor], global_steps: Optional[int] = None) -> int:
+        # state_dict(keep_vars=True) also lists tied aliases such as lm_head.weight, which trainers may send.
+        params = dict(self.model.state_dict(keep_vars=True))
+        missing = [name for name in state_dict if name not in params]
+        if missing:
+            raise KeyError(f"hf rollout: weight update has unknown parameters {missing[:5]} (model mismatch?)")
+        with torch.no_grad():
+            for name, tensor in state_dict.items():
+                params[name].copy_(tensor.to(params[name].dtype))
+        if global_steps is not None:
+            self.global_steps = global_steps
+        return len(state_dict)
+
+    def set_global_steps(self, global_steps: int) -> None:
+        self.global_steps = global_steps
+
+    async def wake_up(self): return None
+    async def sleep(self): return None
+    async def abort_all_requests(self, reject_request: bool = False): return {"aborted_count": 0, "request_ids": []}
+    async def resume_generation(self): return None
+    async def clear_kv_cache(self): return None
+    async def release_kv_cache(self): return None
+    async def resume_kv_cache(self): return None
+    async def start_profile(self, **_): return None
+    async def stop_profile(self): return None
+
+
+class HFReplica(RolloutReplica):
+    """One ``HFRolloutServer`` per replica; the weights come from the hybrid actor workers."""
+
+    async def launch_servers(self):
+        name = SERVER_NAME.format(replica_rank=self.replica_rank)
+        server_cls = ray.remote(HFRolloutServer)
+        # num_cpus=0: the server shares the cores with the trainer workers, as vLLM shares their GPUs.
+        server = server_cls.options(name=name, num_cpus=0, max_concurrency=self.max_concurrency).remote(
+            model_path=self.model_config.get("local_path") or self.model_config.get("path"),
+            max_model_len=int(self.config.max_model_len or (self.config.prompt_length + self.config.response_length)),
+            response_length=int(self.config.response_length),
+        )
+        self.servers = [server]
+        self._server_handle = server
+        self._server_address = name
+
+    def rollout_worker_use_gpu(self) -> bool:
+        return False
+
+
+class HFServerAdapter(BaseRollout):
+    """Lives in each hybrid actor worker; rank 0 of the replica pushes updated weights to the server."""
+
+    def __init__(self, config, model_config, device_mesh, replica_rank: int = -1):
+        super().__init__(config, model_config, device_mesh)
+        rank = int(os.environ.get("RANK", "0"))
+        world = self.config.tensor_model_parallel_size * self.config.data_parallel_size
+        self.replica_rank = rank // world if replica_rank == -1 else replica_rank
+        self.is_leader = rank % world == 0
+        self._server = None
+
+    def _server_handle(self):
+        if self._server is None:
+            self._server = ray.get_actor(SERVER_NAME.format(replica_rank=self.replica_rank))
+        return self._server
+
+    async def resume(self, tags: list[str]):
+        return None
+
+    async def release(self):
+        return None
+
+    async def update_weights(self, weights: Generator[tuple[str, torch.Tensor], None, None],
+                             global_steps: Optional[int] = None, wire_format: str = "named_tensors", **kwargs):
+        if wire_format != "named_tensors":
+            raise ValueError(f"hf rollout supports wire_format='named_tensors' only, got {wire_format!r}")
+        # Every rank must drain the generator (it may gather shards collectively); only the leader sends.
+        state = {name: tensor.detach().to("cpu").clone() for name, tensor in weights}
+        if self.is_leader:
+            await self._server_handle().update_weights.remote(state, global_steps)

@@ -1,0 +1,22 @@
+"""Shared fixtures: a tiny local Qwen2 checkpoint and tokenizer (built once, cached under .cache/)."""
+
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+CORPUS = REPO / "data" / "wiki_passages_1000.jsonl"
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir() -> Path:
+    from igpo.tiny_model import build_tiny_model
+
+    return build_tiny_model(REPO / ".cache" / "tiny_model", CORPUS)
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
