@@ -1,0 +1,1 @@
+"""Pure tensor/string functions of IGPO: no verl, no Ray, no I/O."""

@@ -1,0 +1,217 @@
+"""Per-turn information gain (IG) of IGPO, vectorized over the batch (igpo.md §1.2-§1.6).
+
+Notation (per trajectory i with N_i assistant turns): boundary s (s = 0..N_i-1) is the context before the
+policy generates turn s; boundary 0 is the prompt alone (the baseline). For a scored boundary s,
+
+    l_s = (1/|G|) * sum_{j in G} log pi_theta_old(y_j | c_s, y_<j)        (mean log-prob of the ground-truth span)
+    v_s = l_s                 if info_gain_type == "log_prob_diff"          (DR-Venus default)
+    v_s = exp(l_s)            if info_gain_type == "prob_diff"              (paper: geometric-mean token probability)
+
+and the IG credited to turn j = s - 1 is  IG_j = v_s - v_prev,  where v_prev is the value at the previous *valid*
+scored boundary (so with a tool filter or ig_compute_freq > 1, IG_j also covers the unscored turns since then).
+Rules of the reference: a non-finite or unscored baseline gives the trajectory no IG at all; a non-finite l_s at a
+later scored boundary records IG_j = 0 (still a boundary) and leaves v_prev unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from igpo.core.ground_truth import ALIAS_MODES
+
+INFO_GAIN_TYPES = ("log_prob_diff", "prob_diff")
+
+
+@dataclass(frozen=True)
+class InfoGainConfig:
+    """What is scored and how a boundary score becomes a per-turn reward.
+
+    info_gain_type: ``log_prob_diff`` (DR-Venus default; differences of mean log-probs, unbounded) or ``prob_diff``
+        (the paper's formula; differences of geometric-mean probabilities, in (-1, 1)).
+    ig_tool_filter: lower-case tool names; a boundary s >= 1 is scored only if turn s-1 called one of them.
+        Empty = every turn. DR-Venus ships ``("visit",)``: search turns are credited through the next visit.
+    ig_compute_freq: score only boundaries s with s % ig_compute_freq == 0 (cost control; 1 = every boundary).
+    use_format_penalty / format_penalty_scale: a malformed turn gets -scale in a separate penalty channel (§1.5).
+    answer_alias: ``first`` scores the first alias (paper); ``max`` / ``mean`` reduce l_s over all aliases.
+    """
+
+    info_gain_type: str = "log_prob_diff"
+    ig_tool_filter: tuple[str, ...] = ("visit",)
+    ig_compute_freq: int = 1
+    use_format_penalty: bool = True
+    format_penalty_scale: float = 1.0
+    answer_alias: str = "first"
+
+    def __post_init__(self):
+        if self.info_gain_type not in INFO_GAIN_TYPES:
+            raise ValueError(f"info_gain_type={self.info_gain_type!r} is unknown; use one of {INFO_GAIN_TYPES}.")
+        if isinstance(self.ig_tool_filter, str) or not all(
+            isinstance(t, str) and t == t.strip().lower() and t for t in self.ig_tool_filter
+        ):
+            raise ValueError(
+                f"ig_tool_filter={self.ig_tool_filter!r} must be a tuple of non-empty lower-case tool names "
+                "(e.g. ('visit',)); use () to score every turn."
+            )
+        if not isinstance(self.ig_compute_freq, int) or self.ig_compute_freq < 1:
+            raise ValueError(f"ig_compute_freq={self.ig_compute_freq!r} must be an integer >= 1 (1 scores every boundary).")
+        if not (self.format_penalty_scale >= 0 and self.format_penalty_scale < float("inf")):
+            raise ValueError(f"format_penalty_scale={self.format_penalty_scale!r} must be a finite number >= 0.")
+        if self.answer_alias not in ALIAS_MODES:
+            raise ValueError(f"answer_alias={self.answer_alias!r} is unknown; use one of {ALIAS_MODES}.")
+
+
+def scored_boundaries(tool_names: list[list[str | None]], cfg: InfoGainConfig) -> list[list[bool]]:
+    """Which boundaries to score, per trajectory (§1.3).
+
+    ``tool_names[i][t]`` is the tool called by turn t of trajectory i (None for an answer or malformed turn); the
+    trajectory has ``len(tool_names[i])`` turns and as many boundaries. Boundary s is scored iff s == 0 (the baseline)
+    or (s % ig_compute_freq == 0 and (the filter is empty or tool_names[i][s-1].lower() is in it)).
+    """
+    filt = frozenset(cfg.ig_tool_filter)
+    out = []
+    for names in tool_names:
+        row = []
+        for s in range(len(names)):
+            if s == 0:
+                row.append(True)
+                continue
+            prev = names[s - 1]
+            tool_ok = not filt or (prev is not None and prev.lower() in filt)
+            row.append(s % cfg.ig_compute_freq == 0 and tool_ok)
+        out.append(row)
+    return out
+
+
+def reduce_alias_logprobs(alias_logprob: Tensor, alias_mask: Tensor, mode: str) -> Tensor:
+    """Reduce per-alias boundary scores l_s^(a) [B, S, A] to l_s [B, S] for ``answer_alias`` = max or mean.
+
+    ``alias_mask[B, A]`` marks real aliases (trajectories have different alias counts). Non-finite scores of an
+    alias are ignored; a boundary where every alias failed stays NaN (and is then treated as a failed boundary).
+    """
+    if alias_logprob.dim() != 3 or alias_mask.shape != (alias_logprob.shape[0], alias_logprob.shape[2]):
+        raise ValueError(
+            f"alias_logprob must be [B, S, A] and alias_mask [B, A]; got {tuple(alias_logprob.shape)} and "
+            f"{tuple(alias_mask.shape)}."
+        )
+    ok = torch.isfinite(alias_logprob) & alias_mask[:, None, :]
+    count = ok.sum(-1)
+    if mode == "max":
+        red = torch.where(ok, alias_logprob, torch.full_like(alias_logprob, -torch.inf)).amax(-1)
+    elif mode == "mean":
+        red = torch.where(ok, alias_logprob, torch.zeros_like(alias_logprob)).sum(-1) / count.clamp(min=1)
+    elif mode == "first":
+        red = alias_logprob[..., 0]
+        return torch.where(alias_mask[:, None, 0], red, torch.full_like(red, torch.nan))
+    else:
+        raise ValueError(f"answer_alias={mode!r} is unknown; use one of {ALIAS_MODES}.")
+    return torch.where(count > 0, red, torch.full_like(red, torch.nan))
+
+
+def turn_information_gain(
+    boundary_logprob: Tensor, scored: Tensor, num_turns: Tensor, cfg: InfoGainConfig
+) -> tuple[Tensor, Tensor, dict[str, float]]:
+    """IG per turn from per-boundary answer log-probs (module docstring for the formula and rules).
+
+    Args:
+        boundary_logprob: [B, S] float, l_s of trajectory i at boundary s; NaN where not scored or scoring failed.
+        scored: [B, S] bool, boundaries that were meant to be scored (from ``scored_boundaries``).
+        num_turns: [B] long, N_i (0 for a crashed trajectory); boundaries s >= N_i are ignored.
+    Returns:
+        ig: [B, S-1], IG_j of turn j (measured at boundary j+1); 0 where ``ig_mask`` is False.
+        ig_mask: [B, S-1] bool, turns that carry an IG reward (a zero IG is still a reward position).
+        stats: ig_requested (scored non-baseline boundaries), ig_applied, ig_failed (non-finite l_s, IG set to 0),
+            samples_without_baseline.
+    """
+    if boundary_logprob.dim() != 2 or not torch.is_floating_point(boundary_logprob):
+        raise ValueError(f"boundary_logprob must be a float [B, S] tensor; got {boundary_logprob.dtype} "
+                         f"{tuple(boundary_logprob.shape)}.")
+    B, S = boundary_logprob.shape
+    if scored.shape != (B, S) or scored.dtype != torch.bool:
+        raise ValueError(f"scored must be bool [B, S] = {(B, S)}; got {scored.dtype} {tuple(scored.shape)}.")
+    if num_turns.shape != (B,) or num_turns.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"num_turns must be an integer [B] = ({B},) tensor; got {num_turns.dtype} {tuple(num_turns.shape)}.")
+    if S < 1 or bool(((num_turns < 0) | (num_turns > S)).any()):
+        raise ValueError(f"num_turns must lie in [0, S={S}] (one boundary per turn); got {num_turns.tolist()}.")
+
+    steps = torch.arange(S, device=boundary_logprob.device)
+    in_range = steps[None, :] < num_turns[:, None]
+    asked = scored & in_range
+    finite = torch.isfinite(boundary_logprob)
+    value = boundary_logprob if cfg.info_gain_type == "log_prob_diff" else torch.exp(boundary_logprob)
+    valid = asked & finite
+    has_baseline = valid[:, 0]
+
+    # Index of the latest valid boundary at or before s (-1 if none): a running max over masked step indices.
+    last_valid = torch.where(valid, steps[None, :], torch.full_like(valid, -1, dtype=torch.long)).cummax(dim=1).values
+    prev_idx = last_valid[:, :-1].clamp(min=0)  # for boundary s = j+1: latest valid boundary <= j
+    v_prev = value.gather(1, prev_idx)
+    v_now = value[:, 1:]
+    ig_mask = asked[:, 1:] & has_baseline[:, None]
+    ok = ig_mask & finite[:, 1:]
+    ig = torch.where(ok, v_now - v_prev, torch.zeros_like(v_now))
+    # A difference of finite values can still overflow; the reference treats that like a failed boundary.
+    ok = ok & torch.isfinite(ig)
+    ig = torch.where(ok, ig, torch.zeros_like(ig))
+    stats = {
+        "ig_requested": float(asked[:, 1:].sum()),
+        "ig_applied": float(ig_mask.sum()),
+        "ig_failed": float((ig_mask & ~ok).sum()),
+        "samples_without_baseline": float(((num_turns > 0) & ~has_baseline).sum()),
+    }
+    return ig, ig_mask, stats
+
+
+def turn_format_penalty(turn_format_ok: Tensor, num_turns: Tensor, cfg: InfoGainConfig) -> tuple[Tensor, Tensor]:
+    """Turn-level format penalties as their own channel (§1.5, fixing §10 item 5).
+
+    Turns 0..N_i-2 are tool turns, turn N_i-1 is the answer turn. A malformed tool turn j gets
+    ``penalty[i, j] = -format_penalty_scale``; a malformed answer turn gets ``answer_penalty[i] = -scale``.
+    Everything else, and everything when ``use_format_penalty`` is off, is 0 (no penalty). The penalty is not
+    mixed into the IG statistics: the advantage adds it after normalization.
+    """
+    if turn_format_ok.dim() != 2 or turn_format_ok.dtype != torch.bool:
+        raise ValueError(f"turn_format_ok must be a bool [B, T] tensor; got {turn_format_ok.dtype} {tuple(turn_format_ok.shape)}.")
+    B, T = turn_format_ok.shape
+    if num_turns.shape != (B,) or bool(((num_turns < 0) | (num_turns > T)).any()):
+        raise ValueError(f"num_turns must be [B] = ({B},) with values in [0, T={T}]; got {num_turns.tolist()}.")
+    penalty = torch.zeros(B, T, dtype=torch.float32, device=turn_format_ok.device)
+    answer_penalty = torch.zeros(B, dtype=torch.float32, device=turn_format_ok.device)
+    if not cfg.use_format_penalty:
+        return penalty, answer_penalty
+    turn = torch.arange(T, device=turn_format_ok.device)[None, :]
+    tool_turn = turn < (num_turns[:, None] - 1)
+    penalty = torch.where(tool_turn & ~turn_format_ok, -cfg.format_penalty_scale, 0.0).to(torch.float32)
+    has_answer = num_turns > 0
+    answer_ok = turn_format_ok.gather(1, (num_turns - 1).clamp(min=0)[:, None]).squeeze(1)
+    answer_penalty = torch.where(has_answer & ~answer_ok, -cfg.format_penalty_scale, 0.0).to(torch.float32)
+    return penalty, answer_penalty
+
+
+def place_on_tokens(values: Tensor, mask: Tensor, token_index: Tensor, length: int) -> tuple[Tensor, Tensor]:
+    """Scatter per-turn values onto response tokens at indices recorded by the rollout (§1.6, fixing §10 item 14).
+
+    ``dense[i, token_index[i, t]] = values[i, t]`` for every ``mask[i, t]``; ``dense_mask`` marks those tokens.
+    Indices are never re-detected from text. Raises on indices outside [0, length) or two turns on one token.
+    """
+    if not (values.shape == mask.shape == token_index.shape) or values.dim() != 2:
+        raise ValueError(f"values, mask and token_index must share one [B, T] shape; got {tuple(values.shape)}, "
+                         f"{tuple(mask.shape)}, {tuple(token_index.shape)}.")
+    if mask.dtype != torch.bool:
+        raise ValueError(f"mask must be bool; got {mask.dtype}.")
+    B = values.shape[0]
+    used = token_index[mask]
+    if used.numel() and (int(used.min()) < 0 or int(used.max()) >= length):
+        raise ValueError(f"turn-end token indices must lie in [0, {length}); got min {int(used.min())}, "
+                         f"max {int(used.max())}. The rollout recorded them against a different response length.")
+    safe_index = torch.where(mask, token_index, torch.zeros_like(token_index))
+    hits = torch.zeros(B, length, dtype=torch.long, device=values.device)
+    hits.scatter_add_(1, safe_index, mask.long())
+    if bool((hits > 1).any()):
+        raise ValueError("two turns were placed on the same token; turn-end indices must be distinct per trajectory.")
+    dense = torch.zeros(B, length, dtype=values.dtype, device=values.device)
+    rows = torch.arange(B, device=values.device)[:, None].expand_as(mask)[mask]
+    dense[rows, used] = values[mask]
+    return dense, hits > 0

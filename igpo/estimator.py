@@ -1,0 +1,100 @@
+"""verl registry entry for the IGPO advantage: ``algorithm.adv_estimator=igpo`` (alias ``grpo_info_gain``).
+
+Stock verl (``verl.trainer.ppo.ray_trainer.compute_advantage``) calls a registered estimator with
+``token_level_rewards``, ``response_mask``, ``index`` (uid per row) and ``config`` (the ``algorithm`` DictConfig) and
+unpacks exactly ``(advantages, returns)``. On that path the reward positions follow the reference convention (outcome
+at the last valid token, IG at the other non-zero valid tokens), so an IG of exactly 0 is invisible; the IGPO trainer
+mode calls ``igpo.core.advantage.compute_igpo_advantage`` with explicit masks instead.
+
+Knobs are read from ``algorithm.igpo.<AdvantageConfig field>`` (missing keys keep their defaults), plus
+``algorithm.gamma`` and ``algorithm.norm_adv_by_std_in_grpo``. The metrics of the last call are left in the
+module-level ``last_metrics`` dict for the trainer (same process) to pop and log.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+from verl.trainer.ppo import core_algos
+
+from igpo.core.advantage import AdvantageConfig, compute_igpo_advantage, masks_from_token_rewards
+
+ESTIMATOR_NAMES = ("igpo", "grpo_info_gain")
+
+last_metrics: dict[str, float] = {}
+"""``igpo/*`` metrics of the most recent estimator call; the trainer mode pops them after ``compute_advantage``."""
+
+_FROM_IGPO_SECTION = tuple(f.name for f in dataclasses.fields(AdvantageConfig) if f.name not in ("gamma", "norm_adv_by_std"))
+
+
+def advantage_config_from_algorithm(algorithm_cfg: Any) -> AdvantageConfig:
+    """Build the validated ``AdvantageConfig`` from verl's ``algorithm`` config (DictConfig or dict)."""
+    if algorithm_cfg is None:
+        raise ValueError("the igpo estimator needs verl's algorithm config (config=None was passed).")
+    section = algorithm_cfg.get("igpo", None) or {}
+    kwargs = {name: section[name] for name in _FROM_IGPO_SECTION if section.get(name, None) is not None}
+    defaults = AdvantageConfig()
+    for name, value in kwargs.items():
+        default = getattr(defaults, name)
+        if isinstance(default, float):
+            kwargs[name] = float(value)
+    gamma = algorithm_cfg.get("gamma", None)
+    std = algorithm_cfg.get("norm_adv_by_std_in_grpo", None)
+    if gamma is not None:
+        kwargs["gamma"] = float(gamma)
+    if std is not None:
+        kwargs["norm_adv_by_std"] = bool(std)
+    return AdvantageConfig(**kwargs)
+
+
+def _group_ids(index: Any, batch_size: int) -> torch.Tensor:
+    """Map uids (any hashable: str, int, ...) to dense integer group ids, in order of first appearance."""
+    if index is None:
+        raise ValueError("the igpo estimator needs `index` (the uid of each row's prompt group); the batch has no 'uid'.")
+    uids = list(index)
+    if len(uids) != batch_size:
+        raise ValueError(f"index has {len(uids)} uids for a batch of {batch_size} rows; they must match one to one.")
+    ids: dict[Any, int] = {}
+    return torch.tensor([ids.setdefault(u, len(ids)) for u in uids], dtype=torch.long)
+
+
+def igpo_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: Any = None,
+    config: Any = None,
+    **unused: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The verl-convention IGPO estimator: returns exactly ``(advantages, returns)``, shapes [B, L]."""
+    cfg = advantage_config_from_algorithm(config)
+    group = _group_ids(index, token_level_rewards.shape[0])
+    mask = response_mask.bool()
+    outcome_mask, ig_mask = masks_from_token_rewards(token_level_rewards, mask)
+    advantages, returns, metrics = compute_igpo_advantage(
+        token_level_rewards, outcome_mask, ig_mask, mask, group.to(token_level_rewards.device), cfg
+    )
+    last_metrics.clear()
+    last_metrics.update(metrics)
+    return advantages, returns
+
+
+def _register() -> None:
+    """Register under both names; importing this module twice (reload, two import paths) must not raise."""
+    for name in ESTIMATOR_NAMES:
+        existing = core_algos.ADV_ESTIMATOR_REGISTRY.get(name)
+        if existing is not None and existing is not igpo_advantage:
+            same = (getattr(existing, "__module__", None), getattr(existing, "__qualname__", None)) == (
+                igpo_advantage.__module__, igpo_advantage.__qualname__
+            )
+            if not same:
+                raise ValueError(f"advantage estimator name {name!r} is already taken by {existing!r}; "
+                                 "another package registered it. Remove one of the two registrations.")
+            # The same function from an earlier import of this module: replace it with this copy.
+            core_algos.ADV_ESTIMATOR_REGISTRY[name] = igpo_advantage
+            continue
+        core_algos.register_adv_est(name)(igpo_advantage)
+
+
+_register()

@@ -1,0 +1,246 @@
+"""Golden tests of the vectorized IGPO advantage against the slow float64 reference, plus edge cases and errors."""
+
+import itertools
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from reference_advantage import random_batch, reference_advantage  # noqa: E402
+
+from igpo.core.advantage import (  # noqa: E402
+    AdvantageConfig,
+    CurriculumConfig,
+    WarmupGate,
+    compute_igpo_advantage,
+    curriculum_weights,
+    masks_from_token_rewards,
+)
+
+TOL = 1e-5
+
+
+def _compare(batch, cfg, **kw):
+    rewards, F, I, m, group, pen = batch
+    adv, ret, metrics = compute_igpo_advantage(rewards, F, I, m, group, cfg, penalty=pen, **kw)
+    ref = reference_advantage(
+        rewards, F, I, m, group, norm_mode=cfg.norm_mode, gamma=cfg.gamma, norm_adv_by_std=cfg.norm_adv_by_std,
+        ig_weight=cfg.ig_weight, adaptive_gamma_min_weight=cfg.adaptive_gamma_min_weight, epsilon=cfg.epsilon,
+        norm_order=cfg.norm_order, norm_group=cfg.norm_group, penalty=pen, **kw,
+    )
+    assert torch.isfinite(adv).all()
+    assert torch.equal(adv, ret)
+    diff = (adv.double() - ref).abs().max().item()
+    assert diff <= TOL, f"max abs diff {diff} for {cfg}"
+    assert ref.abs().max() > 0  # the comparison is not vacuous
+    return adv, metrics
+
+
+CASES = [
+    (mode, gamma, order, grouping, std)
+    for mode, gamma, order, grouping, std in itertools.product(
+        ("joint", "separate", "scaled_separate", "raw_ig"), (1.0, 0.95, 0.8), ("before_discount", "after_discount"),
+        ("group", "group_turn"), (True, False)
+    )
+    if not (mode == "joint" and grouping == "group_turn")
+]
+
+
+@pytest.mark.parametrize("case", range(len(CASES)), ids=["-".join(map(str, c)) for c in CASES])
+def test_golden_all_modes(case):
+    mode, gamma, order, grouping, std = CASES[case]
+    batch = random_batch(4, 4, 96, 9, seed=100 + case, penalty_frac=0.1,
+                         padding_rows=1)
+    cfg = AdvantageConfig(norm_mode=mode, gamma=gamma, norm_order=order, norm_group=grouping, norm_adv_by_std=std)
+    _compare(batch, cfg)
+
+
+@pytest.mark.parametrize("mode", ["joint", "separate", "scaled_separate", "raw_ig"])
+@pytest.mark.parametrize(
+    "kind",
+    ["group_size_1", "all_equal_outcomes", "empty_ig", "continuous", "weights", "adaptive_gamma", "single_turn"],
+)
+def test_golden_edge_cases(mode, kind):
+    kw, cfg_kw = {}, {}
+    if kind == "group_size_1":
+        batch = random_batch(6, 1, 64, 6, seed=1)
+    elif kind == "all_equal_outcomes":
+        batch = random_batch(4, 4, 64, 6, seed=2, outcome="equal")
+    elif kind == "empty_ig":
+        batch = random_batch(4, 3, 64, 6, seed=3, empty_ig=True, outcome="continuous")
+    elif kind == "continuous":
+        batch = random_batch(3, 5, 128, 12, seed=4, outcome="continuous", ig_zero_frac=0.3)
+    elif kind == "weights":
+        batch = random_batch(3, 4, 96, 8, seed=5)
+        kw = dict(outcome_weight=0.7, ig_weight_schedule=0.6)
+        cfg_kw = dict(ig_weight=1.7)
+    elif kind == "adaptive_gamma":
+        batch = random_batch(3, 4, 96, 8, seed=6)
+        cfg_kw = dict(adaptive_gamma_min_weight=0.3)
+    else:
+        batch = random_batch(3, 4, 32, 1, seed=7)
+    _compare(batch, AdvantageConfig(norm_mode=mode, **cfg_kw), **kw)
+
+
+def test_group_size_one_gives_zero_without_ig():
+    rewards, F, I, m, group, _ = random_batch(5, 1, 40, 4, seed=8, empty_ig=True)
+    adv, _, _ = compute_igpo_advantage(rewards, F, I, m, group, AdvantageConfig(norm_mode="separate"))
+    assert torch.count_nonzero(adv) == 0
+
+
+def test_all_equal_outcomes_still_learn_from_ig():
+    rewards, F, I, m, group, _ = random_batch(4, 4, 64, 6, seed=9, outcome="equal", ig_none_frac=0.0, ig_zero_frac=0.0)
+    adv, _, metrics = compute_igpo_advantage(rewards, F, I, m, group, AdvantageConfig())
+    assert metrics["igpo/all_same_outcome_ratio"] == 1.0
+    assert adv[F].abs().max() < 1e-3  # outcome carries no signal ...
+    assert adv.abs().max() > 0.1  # ... but IG does
+
+
+def test_zero_ig_is_still_a_boundary():
+    """A zero IG splits the segments (explicit mask), unlike a missing IG."""
+    L = 10
+    m = torch.ones(2, L, dtype=torch.bool)
+    F = torch.zeros(2, L, dtype=torch.bool)
+    F[:, -1] = True
+    rewards = torch.zeros(2, L)
+    rewards[:, -1] = torch.tensor([1.0, 0.0])
+    I = torch.zeros_like(F)
+    I[:, 4] = True
+    cfg = AdvantageConfig(norm_mode="separate", gamma=0.5)
+    with_zero, _, _ = compute_igpo_advantage(rewards, F, I, m, torch.tensor([0, 0]), cfg)
+    without, _, _ = compute_igpo_advantage(rewards, F, torch.zeros_like(I), m, torch.tensor([0, 0]), cfg)
+    # Row 0: outcome z = +1; first segment gets 0 + 0.5 * 1 with the zero-IG boundary, 1 without.
+    assert with_zero[0, 0].item() == pytest.approx(0.5, abs=1e-5)
+    assert without[0, 0].item() == pytest.approx(1.0, abs=1e-5)
+
+
+def test_hand_computed_scaled_separate():
+    """Two rollouts, one IG each: z(F) = ±1, z(I) = ±1, scale = 1; turn 0 gets z(I) + γ z(F)."""
+    L = 6
+    m = torch.ones(2, L, dtype=torch.bool)
+    rewards = torch.zeros(2, L)
+    rewards[:, 2] = torch.tensor([0.4, -0.2])
+    rewards[:, -1] = torch.tensor([0.0, 1.0])
+    F, I = masks_from_token_rewards(rewards, m)
+    adv, _, metrics = compute_igpo_advantage(rewards, F, I, m, torch.tensor([5, 5]), AdvantageConfig())
+    z = 1 / (1 + 1e-6)
+    assert adv[0, :3].tolist() == pytest.approx([z - 0.95 * z] * 3, abs=1e-5)
+    assert adv[0, 3:].tolist() == pytest.approx([-z] * 3, abs=1e-5)
+    assert adv[1, 0].item() == pytest.approx(-z + 0.95 * z, abs=1e-5)
+    assert metrics["igpo/ig_scale"] == pytest.approx(1.0, abs=1e-4)
+
+
+def test_masks_from_token_rewards():
+    r = torch.tensor([[0.0, 0.3, 0.0, 1.0, 0.0], [0.2, 0.0, 0.0, 0.0, 0.0], [0.0] * 5])
+    m = torch.tensor([[1, 1, 1, 1, 0], [1, 1, 1, 0, 0], [0] * 5]).bool()
+    F, I = masks_from_token_rewards(r, m)
+    assert F.nonzero().tolist() == [[0, 3], [1, 2]]
+    assert I.nonzero().tolist() == [[0, 1], [1, 0]]
+
+
+def test_metrics_present_and_consistent():
+    batch = random_batch(4, 4, 64, 6, seed=10)
+    rewards, F, I, m, group, _ = batch
+    adv, metrics = _compare(batch, AdvantageConfig())
+    assert metrics["igpo/ig_total_positions"] == I.sum().item()
+    assert metrics["igpo/f1_total_positions"] == F.sum().item()
+    assert metrics["igpo/num_groups"] == 4
+    valid = adv[m].double()
+    assert metrics["igpo/adv_abs_mean"] == pytest.approx(valid.abs().mean().item(), abs=1e-5)
+    assert metrics["igpo/adv_std"] == pytest.approx(valid.std(unbiased=False).item(), abs=1e-5)
+    assert metrics["igpo/raw_ig_mean"] == pytest.approx(rewards[I].double().mean().item(), abs=1e-6)
+    for key in ("igpo/ig_scale", "igpo/effective_gamma_mean", "igpo/num_turns_max", "igpo/adv_positive_ratio"):
+        assert math.isfinite(metrics[key])
+
+
+def _simple():
+    r, F, I, m, group, _ = random_batch(2, 2, 16, 3, seed=11)
+    return r, F, I, m, group
+
+
+def test_errors():
+    r, F, I, m, group = _simple()
+    cfg = AdvantageConfig()
+    with pytest.raises(ValueError, match="shape"):
+        compute_igpo_advantage(r[:, :-1], F, I, m, group, cfg)
+    with pytest.raises(ValueError, match="group"):
+        compute_igpo_advantage(r, F, I, m, group[:-1], cfg)
+    bad = r.clone()
+    bad[F.nonzero()[0].tolist()] = float("nan")
+    with pytest.raises(ValueError, match="NaN or inf"):
+        compute_igpo_advantage(bad, F, I, m, group, cfg)
+    pen = torch.zeros_like(r)
+    pen[0, 0] = float("inf")
+    with pytest.raises(ValueError, match="penalty contains NaN"):
+        compute_igpo_advantage(r, F, I, m, group, cfg, penalty=pen)
+    # Entries that are not reward positions are never read, so they cannot leak into the advantages.
+    off = r.clone()
+    off[~(F | I)] = float("nan")
+    assert torch.isfinite(compute_igpo_advantage(off, F, I, m, group, cfg)[0]).all()
+    with pytest.raises(ValueError, match="overlap"):
+        compute_igpo_advantage(r, F, F, m, group, cfg)
+    with pytest.raises(ValueError, match="outside response_mask"):
+        compute_igpo_advantage(r, F, I, torch.zeros_like(m), group, cfg)
+    with pytest.raises(ValueError, match="bool"):
+        compute_igpo_advantage(r, F.float(), I, m, group, cfg)
+    with pytest.raises(RuntimeError, match="non-finite"):
+        huge = r.clone()
+        huge[F] = torch.tensor([3e38, -3e38, 3e38, -3e38])[: int(F.sum())]
+        compute_igpo_advantage(huge, F, I, m, group, AdvantageConfig(norm_mode="joint", norm_adv_by_std=False),
+                               outcome_weight=1e300)
+
+
+@pytest.mark.parametrize(
+    "kw,match",
+    [
+        (dict(norm_mode="grpo"), "norm_mode='grpo'"),
+        (dict(norm_order="later"), "norm_order"),
+        (dict(norm_group="turn"), "norm_group"),
+        (dict(norm_mode="joint", norm_group="group_turn"), "group_turn"),
+        (dict(gamma=1.5), "gamma"),
+        (dict(adaptive_gamma_min_weight=1.0), "adaptive_gamma_min_weight"),
+        (dict(epsilon=0.0), "epsilon"),
+        (dict(ig_weight=float("nan")), "ig_weight"),
+    ],
+)
+def test_config_validation(kw, match):
+    with pytest.raises(ValueError, match=match):
+        AdvantageConfig(**kw)
+
+
+def test_warmup_gate_latch_and_state():
+    gate = WarmupGate(threshold=0.5, ema_alpha=0.5)
+    assert gate.update(0.2) is False  # ema 0.2
+    assert gate.update(1.0) is True  # ema 0.6 -> graduates
+    assert gate.update(0.0) is True  # one-way latch although ema falls to 0.3
+    state = gate.state_dict()
+    restored = WarmupGate(threshold=0.5, ema_alpha=0.5)
+    restored.load_state_dict(state)
+    assert restored.active and restored.ema == pytest.approx(0.3)
+    fresh = WarmupGate(threshold=0.5, ema_alpha=0.5)
+    fresh.load_state_dict({"ema": 0.1, "graduated": False})
+    assert fresh.update(0.1) is False
+    assert WarmupGate(threshold=0.0).active
+    with pytest.raises(ValueError, match="not finite"):
+        gate.update(float("nan"))
+
+
+def test_curriculum_weights():
+    cfg = CurriculumConfig(enabled=True)
+    assert curriculum_weights(0, 10, cfg) == (0.5, 1.0)
+    assert curriculum_weights(5, 10, cfg) == pytest.approx((0.75, 0.75))
+    assert curriculum_weights(50, 10, cfg) == (1.0, 0.5)
+    assert curriculum_weights(3, 10, CurriculumConfig()) == (1.0, 1.0)
+    with pytest.raises(ValueError, match="total_steps"):
+        curriculum_weights(1, 0, cfg)
+
+
+def test_response_mask_with_holes_matches_reference():
+    """Masked-out tokens inside segments (e.g. tool tokens in an assistant-only mask) get 0, like the reference."""
+    rewards, F, I, m, group, _ = random_batch(3, 4, 80, 6, seed=12)
+    holes = torch.rand(m.shape, generator=torch.Generator().manual_seed(0)) < 0.3
+    m = m & (~holes | F | I)
+    _compare((rewards, F, I, m, group, None), AdvantageConfig(gamma=0.8))
