@@ -1,0 +1,146 @@
+"""Format rules for one assistant turn (igpo.md §1.5) and extraction of the final answer.
+
+Every check looks at ONE assistant turn's text, never at tool observations: web pages that contain ``<answer>`` or
+``<code>`` must not decide a reward (the reference scanned the whole response, igpo.md §10 item 9).
+
+Think rule (both turn kinds). Either the turn has no think tags at all -- allowed because small models prompted
+without a thinking template may not think -- or it has k >= 1 ``<think>`` and k ``</think>`` strictly alternating
+(open, close, open, close, ...), with only whitespace before the first ``<think>``. The "tail" is the text after the
+last ``</think>`` (the whole turn when it has no think tags). When the generation prompt already ends with
+``<think>`` (Qwen3 thinking templates), the generated text lacks the opening tag: pass ``think_prefilled=True``.
+
+Tool-calling turn: non-empty; no ``<answer>``/``</answer>`` and no ``<tool_response>``/``</tool_response>`` anywhere
+(an assistant that writes observations is fabricating them); exactly one ``<tool_call>`` and one ``</tool_call>``,
+and the tail is ``<tool_call>BODY</tool_call>`` with only whitespace around it; BODY parses as a JSON5 object with a
+non-empty string ``name`` and an object ``arguments``. (The reference also accepted a code-act "PythonInterpreter"
+body; that branch is unused in the search agent and is not accepted here.)
+
+Final answer turn: non-empty; no tool_call or tool_response tags anywhere; exactly one ``<answer>`` and one
+``</answer>``, and the tail is ``<answer>BODY</answer>`` with only whitespace around it and a non-blank BODY.
+"""
+
+from __future__ import annotations
+
+import re
+
+import json5
+
+_THINK_TAG = re.compile(r"</?think>")
+_TOOL_CALL_TAIL = re.compile(r"\s*<tool_call>(.*?)</tool_call>\s*", flags=re.DOTALL)
+_ANSWER_TAIL = re.compile(r"\s*<answer>(.*?)</answer>\s*", flags=re.DOTALL)
+_LEADING_ROLE = re.compile(r"\s*assistant\s*\n")
+
+
+def _think_tail(text: str) -> tuple[str | None, str | None]:
+    """Apply the think rule; return (violation, tail). Exactly one of the two is None."""
+    tags = _THINK_TAG.findall(text)
+    if not tags:
+        return None, text
+    for k, tag in enumerate(m.group(0) for m in _THINK_TAG.finditer(text)):
+        expected = "<think>" if k % 2 == 0 else "</think>"
+        if tag != expected:
+            return f"think tags do not alternate: tag #{k + 1} is {tag}, expected {expected}", None
+    if len(tags) % 2:
+        return "the last <think> is never closed", None
+    if text[: text.index("<think>")].strip():
+        return "text before the first <think>", None
+    return None, text[text.rindex("</think>") + len("</think>"):]
+
+
+def tool_turn_violation(text: str, *, think_prefilled: bool = False) -> str | None:
+    """Why ``text`` breaks the tool-calling turn rules (module docstring), or None when it follows them."""
+    if think_prefilled:
+        text = "<think>" + text
+    if not text.strip():
+        return "empty turn"
+    for tag in ("<answer>", "</answer>", "<tool_response>", "</tool_response>"):
+        if tag in text:
+            return f"{tag} is not allowed in a tool-calling turn"
+    if text.count("<tool_call>") != 1 or text.count("</tool_call>") != 1:
+        return (
+            f"expected exactly one <tool_call>...</tool_call>, found {text.count('<tool_call>')} opening and "
+            f"{text.count('</tool_call>')} closing tags"
+        )
+    violation, tail = _think_tail(text)
+    if violation is not None:
+        return violation
+    match = _TOOL_CALL_TAIL.fullmatch(tail)
+    if match is None:
+        return "the tool call must be the only text after the last </think>"
+    body = match.group(1).strip()
+    if not body:
+        return "empty tool call body"
+    try:
+        call = json5.loads(body)
+    except ValueError as err:
+        return f"tool call body is not JSON: {err}"
+    if not isinstance(call, dict):
+        return f"tool call body is a {type(call).__name__}, expected an object"
+    if not isinstance(call.get("name"), str) or not call["name"].strip():
+        return "tool call has no non-empty string 'name'"
+    if not isinstance(call.get("arguments"), dict):
+        return "tool call 'arguments' is missing or not an object"
+    return None
+
+
+def answer_turn_violation(text: str, *, think_prefilled: bool = False) -> str | None:
+    """Why ``text`` breaks the final answer turn rules (module docstring), or None when it follows them."""
+    if think_prefilled:
+        text = "<think>" + text
+    if not text.strip():
+        return "empty turn"
+    for tag in ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"):
+        if tag in text:
+            return f"{tag} is not allowed in the answer turn"
+    if text.count("<answer>") != 1 or text.count("</answer>") != 1:
+        return (
+            f"expected exactly one <answer>...</answer>, found {text.count('<answer>')} opening and "
+            f"{text.count('</answer>')} closing tags"
+        )
+    violation, tail = _think_tail(text)
+    if violation is not None:
+        return violation
+    match = _ANSWER_TAIL.fullmatch(tail)
+    if match is None:
+        return "the answer must be the only text after the last </think>"
+    if not match.group(1).strip():
+        return "empty answer"
+    return None
+
+
+def check_tool_turn(text: str, *, think_prefilled: bool = False) -> bool:
+    """True when ``text`` follows the tool-calling turn rules (module docstring)."""
+    return tool_turn_violation(text, think_prefilled=think_prefilled) is None
+
+
+def check_answer_turn(text: str, *, think_prefilled: bool = False) -> bool:
+    """True when ``text`` follows the final answer turn rules (module docstring)."""
+    return answer_turn_violation(text, think_prefilled=think_prefilled) is None
+
+
+def extract_answer(text: str) -> str | None:
+    """Body of the LAST complete ``<answer>...</answer>`` in one assistant turn, stripped; None when there is none.
+
+    An empty body gives ``""`` (an answer was given, and it is empty), distinct from None (no answer tags).
+    """
+    end = text.rfind("</answer>")
+    if end < 0:
+        return None
+    start = text.rfind("<answer>", 0, end)
+    if start < 0:
+        return None
+    return text[start + len("<answer>"): end].strip()
+
+
+def final_turn_text(solution_str: str) -> str:
+    """Best-effort final assistant turn of a decoded multi-turn response: the text after the last ``</tool_response>``.
+
+    A response decoded with ``skip_special_tokens=True`` keeps the chat template's role name (``assistant``) after
+    the observation; a leading ``assistant`` line is dropped. Prefer the agent loop's exact final-turn text.
+    """
+    cut = solution_str.rfind("</tool_response>")
+    if cut < 0:
+        return solution_str
+    tail = solution_str[cut + len("</tool_response>"):]
+    role = _LEADING_ROLE.match(tail)
+    return tail[role.end():] if role else tail
