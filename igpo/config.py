@@ -1,0 +1,117 @@
+"""``algorithm.igpo`` — every IGPO knob, validated once into typed dataclasses.
+
+The section is read from verl's ``algorithm`` config (a DictConfig that verl never converts, so our keys are safe
+there). Each component owns its dataclass; this module only splits the section among them and rejects unknown keys,
+so a typo such as ``algorithm.igpo.norm_mod=joint`` fails at start-up instead of silently running the default.
+
+| component | dataclass | keys |
+|---|---|---|
+| information gain | ``igpo.core.info_gain.InfoGainConfig`` | info_gain_type, ig_tool_filter, ig_compute_freq, use_format_penalty, format_penalty_scale, answer_alias |
+| advantage | ``igpo.core.advantage.AdvantageConfig`` | norm_mode, ig_weight, adaptive_gamma_min_weight, norm_order, norm_group, epsilon, scale_floor, scale_cap (+ algorithm.gamma, algorithm.norm_adv_by_std_in_grpo) |
+| curriculum | ``igpo.core.advantage.CurriculumConfig`` | use_curriculum, curriculum_{f1,ig}_{init,final} |
+| warm-up gate | ``IGPOConfig`` | ig_warmup_threshold, ig_warmup_ema_alpha |
+| scoring | ``IGPOConfig`` + ``igpo.agent_config.RolloutScoringConfig`` | score_on, answer_template_prefix, answer_template_suffix |
+| agent loop | ``igpo.agent_config.AgentLoopConfig`` | the ``agent`` sub-section |
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from igpo.agent_config import AgentLoopConfig, RolloutScoringConfig
+from igpo.core.advantage import AdvantageConfig, CurriculumConfig
+from igpo.core.info_gain import InfoGainConfig
+
+SCORE_ON = ("actor", "rollout")
+_CURRICULUM_KEYS = {
+    "use_curriculum": "enabled",
+    "curriculum_f1_init": "f1_init",
+    "curriculum_f1_final": "f1_final",
+    "curriculum_ig_init": "ig_init",
+    "curriculum_ig_final": "ig_final",
+}
+_OWN_KEYS = ("score_on", "answer_template_prefix", "answer_template_suffix", "ig_warmup_threshold",
+             "ig_warmup_ema_alpha", "agent")
+
+
+def _plain(section: Any) -> dict[str, Any]:
+    if section is None:
+        return {}
+    from omegaconf import OmegaConf
+
+    if OmegaConf.is_config(section):
+        return dict(OmegaConf.to_container(section, resolve=True))
+    return dict(section)
+
+
+def _fields(cls) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls))
+
+
+def _coerce(cls, values: dict[str, Any]) -> dict[str, Any]:
+    """YAML and the CLI give ints where floats are meant (``ig_weight=1``); cast to each field's default type."""
+    defaults = cls()
+    out = {}
+    for name, value in values.items():
+        default = getattr(defaults, name)
+        if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if isinstance(default, tuple) and isinstance(value, str):
+            value = tuple(v.strip().lower() for v in value.split(",") if v.strip())
+        elif isinstance(default, tuple) and isinstance(value, list):
+            value = tuple(str(v).strip().lower() for v in value)
+        out[name] = value
+    return out
+
+
+@dataclass(frozen=True)
+class IGPOConfig:
+    """The validated ``algorithm.igpo`` section (see the module docstring for which keys go where)."""
+
+    info_gain: InfoGainConfig
+    advantage: AdvantageConfig
+    curriculum: CurriculumConfig
+    scoring: RolloutScoringConfig
+    agent: AgentLoopConfig
+    score_on: str = "rollout"
+    ig_warmup_threshold: float = 0.0
+    ig_warmup_ema_alpha: float = 0.1
+
+    def __post_init__(self):
+        if self.score_on not in SCORE_ON:
+            raise ValueError(f"algorithm.igpo.score_on={self.score_on!r} is unknown; use one of {SCORE_ON}.")
+        if not 0.0 < self.ig_warmup_ema_alpha <= 1.0:
+            raise ValueError(f"algorithm.igpo.ig_warmup_ema_alpha={self.ig_warmup_ema_alpha} must be in (0, 1].")
+
+    @classmethod
+    def from_algorithm(cls, algorithm: Mapping[str, Any]) -> "IGPOConfig":
+        """Build from verl's ``algorithm`` config; unknown ``algorithm.igpo`` keys raise with the list of known ones."""
+        section = _plain(algorithm.get("igpo", None))
+        info_keys = _fields(InfoGainConfig)
+        adv_keys = tuple(k for k in _fields(AdvantageConfig) if k not in ("gamma", "norm_adv_by_std"))
+        known = set(info_keys) | set(adv_keys) | set(_CURRICULUM_KEYS) | set(_OWN_KEYS)
+        unknown = sorted(set(section) - known)
+        if unknown:
+            raise ValueError(f"unknown key(s) algorithm.igpo.{unknown}: check the spelling; known keys are "
+                             f"{sorted(known)} (see configs/igpo_base.yaml).")
+        info = InfoGainConfig(**_coerce(InfoGainConfig, {k: section[k] for k in info_keys if k in section}))
+        adv_values = {k: section[k] for k in adv_keys if k in section and section[k] is not None}
+        adv_values["gamma"] = algorithm.get("gamma", AdvantageConfig.gamma)
+        adv_values["norm_adv_by_std"] = bool(algorithm.get("norm_adv_by_std_in_grpo", True))
+        advantage = AdvantageConfig(**_coerce(AdvantageConfig, adv_values))
+        curriculum = CurriculumConfig(**_coerce(CurriculumConfig, {
+            field: section[key] for key, field in _CURRICULUM_KEYS.items() if key in section}))
+        own = {k: section[k] for k in ("score_on", "ig_warmup_threshold", "ig_warmup_ema_alpha") if k in section}
+        for key in ("ig_warmup_threshold", "ig_warmup_ema_alpha"):
+            if key in own:
+                own[key] = float(own[key])
+        return cls(
+            info_gain=info,
+            advantage=advantage,
+            curriculum=curriculum,
+            scoring=RolloutScoringConfig.from_dict(section),
+            agent=AgentLoopConfig.from_dict(section.get("agent")),
+            **own,
+        )

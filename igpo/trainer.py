@@ -1,0 +1,195 @@
+"""Trainer mode ``igpo_sync`` for verl's v1 trainer (``trainer.v1.trainer_mode=igpo_sync``).
+
+verl's registered estimators only see ``token_level_rewards``/``response_mask``/``uid``; IGPO needs each
+trajectory's turn structure. This subclass of the stock synchronous trainer replaces one method,
+``_compute_advantage``: it reads the agent loop's ``extra_fields`` (turn ends, tool names, format flags, answer
+log-probs per boundary) from TransferQueue and builds the per-turn rewards with explicit masks:
+
+    IG_j = v_{j+1} − v_prev   (igpo.core.info_gain)     on the last generated token of turn j
+    outcome (F1/judge), or the answer-format penalty    on the last generated token of the trajectory
+    format penalty of turn j                             on the last generated token of turn j (own channel)
+
+then calls ``igpo.core.advantage.compute_igpo_advantage`` and logs the ``igpo/*`` metrics. The warm-up gate and the
+curriculum are applied here; the gate's state is saved beside verl's checkpoints (``igpo_state.json``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+
+import numpy as np
+import torch
+from tensordict import TensorDict
+
+import transfer_queue as tq
+from verl.trainer.ppo.v1.trainer_base import register_trainer
+from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+from verl.workers.utils.padding import response_to_nested
+
+from igpo.config import IGPOConfig
+from igpo.core.advantage import WarmupGate, compute_igpo_advantage, curriculum_weights
+from igpo.core.info_gain import place_on_tokens, reduce_alias_logprobs, scored_boundaries, turn_format_penalty, \
+    turn_information_gain
+
+logger = logging.getLogger(__name__)
+
+STATE_FILE = "igpo_state.json"
+
+
+def _turn_tensors(extras: list[dict], length: int, alias_mode: str):
+    """Per-turn tensors [B, T] from the agent loop's extra_fields (T = the batch's largest turn count).
+
+    A turn whose last token lies beyond the stored response (cut by ``rollout.response_length``) is dropped: its
+    reward would have no token to sit on.
+    """
+    batch = len(extras)
+    num_turns = [int(e.get("igpo_num_turns", 0) or 0) if isinstance(e, dict) else 0 for e in extras]
+    width = max(1, max(num_turns, default=0))
+    turn_ends = torch.zeros(batch, width, dtype=torch.long)
+    format_ok = torch.ones(batch, width, dtype=torch.bool)
+    aliases = 1
+    for e in extras:
+        for entry in (e.get("igpo_answer_logprobs") or []) if isinstance(e, dict) else []:
+            if entry:
+                aliases = max(aliases, len(entry))
+    alias_lp = torch.full((batch, width, aliases), float("nan"), dtype=torch.float64)
+    alias_ok = torch.zeros(batch, aliases, dtype=torch.bool)
+    tool_names: list[list[str | None]] = []
+    for i, e in enumerate(extras):
+        n = num_turns[i]
+        ends = list(e.get("igpo_turn_ends") or [])[:n] if n else []
+        inside = [end < length for end in ends]
+        n = sum(1 for _ in ends) if all(inside) else inside.index(False)
+        num_turns[i] = n
+        if n:
+            turn_ends[i, :n] = torch.tensor(ends[:n])
+            format_ok[i, :n] = torch.tensor([bool(v) for v in list(e.get("igpo_turn_format_ok") or [True] * n)[:n]])
+        tool_names.append(list(e.get("igpo_tool_names") or [None] * n)[:n] if n else [])
+        for s, entry in enumerate(list(e.get("igpo_answer_logprobs") or [])[:n]):
+            if entry:
+                alias_lp[i, s, :len(entry)] = torch.tensor([float(v) for v in entry], dtype=torch.float64)
+                alias_ok[i, :len(entry)] = True
+    boundary_lp = reduce_alias_logprobs(alias_lp, alias_ok, alias_mode)
+    return torch.tensor(num_turns), turn_ends, format_ok, tool_names, boundary_lp
+
+
+@register_trainer("igpo_sync")
+class IGPOTrainerSync(PPOTrainerSync):
+    """verl's synchronous v1 trainer with IGPO's turn-level rewards and advantage."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.igpo = IGPOConfig.from_algorithm(config.algorithm)
+        if config.algorithm.get("use_kl_in_reward", False):
+            raise ValueError("algorithm.use_kl_in_reward=true puts a reward on every token, which breaks IGPO's "
+                             "turn rewards; use actor_rollout_ref.actor.use_kl_loss=true instead.")
+        if self.igpo.score_on == "actor":
+            raise NotImplementedError(
+                "algorithm.igpo.score_on=actor (the packed scoring pass on the FSDP actor) is not wired into the "
+                "trainer yet; use algorithm.igpo.score_on=rollout.")
+        self.warmup = WarmupGate(self.igpo.ig_warmup_threshold, self.igpo.ig_warmup_ema_alpha)
+
+    # ---- advantage ----------------------------------------------------------------------------------------------
+
+    def _compute_advantage(self, batch, metrics: dict):
+        started = time.perf_counter()
+        fields = ["uid", "response_mask", "rm_scores", "extra_fields"]
+        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
+        extras = [e if isinstance(e, dict) else {} for e in data.pop("extra_fields").tolist()]
+        uids = data.pop("uid").tolist()
+        nested_mask = data["response_mask"]
+        padded = data.to_padded_tensor()
+        response_mask = padded["response_mask"].bool()
+        rm_scores = padded["rm_scores"].float()
+        B, L = response_mask.shape
+
+        group_of: dict = {}
+        group = torch.tensor([group_of.setdefault(u, len(group_of)) for u in uids], dtype=torch.long)
+        lengths = response_mask.long().cumsum(-1)
+        has_tokens = response_mask.any(-1)
+        last = torch.where(has_tokens, (response_mask * torch.arange(L)).argmax(-1), torch.zeros(B, dtype=torch.long))
+        outcome_mask = torch.zeros(B, L, dtype=torch.bool)
+        outcome_mask[torch.arange(B)[has_tokens], last[has_tokens]] = True
+        outcome = rm_scores.sum(-1)
+
+        num_turns, turn_ends, format_ok, tool_names, boundary_lp = _turn_tensors(
+            extras, L, self.igpo.info_gain.answer_alias)
+        T = turn_ends.shape[1]
+        scored = torch.zeros(B, T, dtype=torch.bool)
+        for i, row in enumerate(scored_boundaries(tool_names, self.igpo.info_gain)):
+            scored[i, :len(row)] = torch.tensor(row, dtype=torch.bool)
+
+        gate_open = self.warmup.update(float(outcome[has_tokens].mean()) if bool(has_tokens.any()) else 0.0)
+        ig, ig_turn_mask, ig_stats = turn_information_gain(boundary_lp.float(), scored, num_turns, self.igpo.info_gain)
+        penalty, answer_penalty = turn_format_penalty(format_ok, num_turns, self.igpo.info_gain)
+        if not gate_open:
+            ig_turn_mask = torch.zeros_like(ig_turn_mask)
+            penalty = torch.zeros_like(penalty)
+            answer_penalty = torch.zeros_like(answer_penalty)
+
+        # Turn j < N-1 ends on its last generated token; the final turn carries the outcome instead.
+        tool_turn = torch.arange(T - 1)[None, :] < (num_turns[:, None] - 1)
+        ig_dense, ig_mask = place_on_tokens(ig, ig_turn_mask & tool_turn, turn_ends[:, :-1], L)
+        penalty_turns = penalty[:, :-1]
+        pen_dense, _ = place_on_tokens(penalty_turns, (penalty_turns != 0) & tool_turn, turn_ends[:, :-1], L)
+        # The reference replaces the outcome by the answer-format penalty when the final answer is malformed.
+        outcome = torch.where(answer_penalty != 0, answer_penalty, outcome)
+        ig_mask = ig_mask & response_mask & ~outcome_mask
+        rewards = torch.where(ig_mask, ig_dense, 0.0) + torch.where(outcome_mask, outcome[:, None], 0.0)
+
+        w_outcome, w_ig = curriculum_weights(self.global_steps, self.total_training_steps, self.igpo.curriculum)
+        advantages, returns, adv_metrics = compute_igpo_advantage(
+            rewards, outcome_mask, ig_mask, response_mask, group, self.igpo.advantage,
+            outcome_weight=w_outcome, ig_weight_schedule=w_ig, penalty=torch.where(response_mask, pen_dense, 0.0))
+
+        metrics.update(adv_metrics)
+        metrics.update({f"igpo/{k}": v for k, v in ig_stats.items()})
+        metrics.update(self._rollout_metrics(extras, num_turns, lengths))
+        metrics["igpo/ig_gate_active"] = float(gate_open)
+        metrics["igpo/outcome_score_ema"] = float(self.warmup.ema if self.warmup.ema is not None else 0.0)
+        if self.igpo.curriculum.enabled:
+            metrics["curriculum/f1_weight"], metrics["curriculum/ig_weight"] = w_outcome, w_ig
+        metrics["timing_s/igpo_advantage"] = time.perf_counter() - started
+
+        output = TensorDict({"advantages": response_to_nested(advantages.float(), nested_mask),
+                             "returns": response_to_nested(returns.float(), nested_mask)}, batch_size=len(batch))
+        return tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=output)
+
+    @staticmethod
+    def _rollout_metrics(extras: list[dict], num_turns: torch.Tensor, lengths: torch.Tensor) -> dict[str, float]:
+        """Rollout health: infra errors (not the model's fault), forced finals, cut-offs, truncations."""
+        def share(key: str) -> float:
+            return float(np.mean([bool(e.get(key, False)) for e in extras])) if extras else 0.0
+
+        return {
+            "igpo/turns_mean": float(num_turns.float().mean()) if len(num_turns) else 0.0,
+            "igpo/infra_errors": float(sum(int(e.get("igpo_infra_errors", 0) or 0) for e in extras)),
+            "igpo/forced_final_ratio": share("igpo_forced_final"),
+            "igpo/cutoff_ratio": share("igpo_cutoff"),
+            "igpo/truncated_ratio": share("igpo_truncated"),
+        }
+
+    # ---- checkpointed state ------------------------------------------------------------------------------------
+
+    def _save_checkpoint(self):
+        super()._save_checkpoint()
+        folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, STATE_FILE), "w") as handle:
+            json.dump({"warmup_gate": self.warmup.state_dict()}, handle)
+
+    def _load_checkpoint(self):
+        super()._load_checkpoint()
+        if not self.global_steps:
+            return
+        folder = self.config.trainer.get("resume_from_path") or os.path.join(
+            self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
+        path = os.path.join(folder, STATE_FILE)
+        if os.path.isfile(path):
+            with open(path) as handle:
+                self.warmup.load_state_dict(json.load(handle).get("warmup_gate", {}))
+        else:
+            logger.warning("igpo: no %s in %s; the IG warm-up gate restarts from scratch", STATE_FILE, folder)
