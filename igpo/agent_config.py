@@ -1,0 +1,169 @@
+"""Typed configuration of the ``igpo_agent`` rollout loop (``algorithm.igpo.agent`` in the trainer config).
+
+No verl import: ``igpo/config.py`` composes this dataclass into the trainer-wide config. Every knob is documented
+where it is declared; ``from_dict`` rejects unknown keys and ``__post_init__`` validates values once, with errors
+that name the value, the rule and the fix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, Mapping
+
+SCORE_ON = ("actor", "rollout")
+
+
+def _err(name: str, value: Any, rule: str) -> ValueError:
+    return ValueError(f"algorithm.igpo.agent.{name}={value!r}: {rule}")
+
+
+@dataclass(frozen=True)
+class AgentLoopConfig:
+    """Knobs of the deep-research agent loop."""
+
+    tool_server_url: str | None = None
+    """Base URL of the tool service (``tool_server``), e.g. ``http://127.0.0.1:8001``. Required unless a tool caller
+    is injected (tests, custom tools)."""
+    tool_timeout_s: float = 60.0
+    """Wall-clock limit of one tool call; a timeout is an infrastructure error, not the model's fault."""
+    tool_names: tuple[str, ...] = ("search", "visit")
+    """Tools the model may call; any other name gets an error observation without a round trip to the server."""
+    max_turns: int = 200
+    """Assistant turns per trajectory, including the final answer turn (the reference's ``max_turns_base``)."""
+    max_turns_jitter: int = 0
+    """0 = off. Otherwise each trajectory draws ``max(1, max_turns + int((2U - 1) * jitter))``, U ~ U(0, 1); with 5
+    this is the reference's ``int(10U - 5)`` offset (-4..+4, 0 twice as likely). Desynchronises trajectory ends."""
+    max_tokens_per_turn: int = 8192
+    """``max_tokens`` of one generation (the reference used the whole ``rollout.response_length`` per turn)."""
+    max_observation_tokens: int = 4096
+    """Token budget of one observation's content; longer tool output is cut and marked as cut."""
+    max_context_tokens: int | None = None
+    """Total context (prompt + all turns + observations) a trajectory may reach. None = rollout.prompt_length +
+    rollout.response_length. The response additionally never exceeds rollout.response_length."""
+    system_prompt: str | None = None
+    """None = ``igpo.protocol.DEFAULT_SYSTEM_PROMPT``. Used only when the sample has no system message."""
+    max_generation_retries: int = 2
+    """Per turn: how often an empty / repetitive generation or a duplicate tool call is resampled (discarded, not
+    trained on) before the last attempt is accepted as it is."""
+    repetition_window: int = 50
+    repetition_max_repeats: int = 5
+    """A generation is repetitive when its last ``repetition_window`` characters occur more than
+    ``repetition_max_repeats`` times in it."""
+    dedup_tool_calls: bool = True
+    """Detect a call identical (name + arguments) to an earlier one of the same trajectory: resample, and if the last
+    attempt still repeats it, answer with an error observation instead of running the tool again."""
+    completion_cutoff: float = 1.0
+    """Straggler control: once this fraction of a worker's batch (trajectories of one global step) has finished,
+    the remaining ones are told to answer at their next turn and flagged ``igpo_cutoff``. 1.0 = off."""
+    max_concurrent_trajectories: int = 256
+    """Trajectories running at once per rollout worker process (0 = unlimited)."""
+
+    def __post_init__(self):
+        if self.tool_server_url is not None and not (
+            isinstance(self.tool_server_url, str) and self.tool_server_url.startswith(("http://", "https://"))
+        ):
+            raise _err("tool_server_url", self.tool_server_url, "must be an http(s) URL such as http://127.0.0.1:8001")
+        if not self.tool_timeout_s > 0:
+            raise _err("tool_timeout_s", self.tool_timeout_s, "must be > 0 seconds")
+        if not self.tool_names or not all(isinstance(t, str) and t == t.strip().lower() and t for t in self.tool_names):
+            raise _err("tool_names", self.tool_names, "must be a non-empty list of lower-case tool names")
+        positive = ("max_turns", "max_tokens_per_turn", "repetition_window", "repetition_max_repeats")
+        for name in positive:
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise _err(name, value, "must be an integer >= 1")
+        if not isinstance(self.max_observation_tokens, int) or self.max_observation_tokens < 32:
+            raise _err("max_observation_tokens", self.max_observation_tokens, "must be an integer >= 32 (room for the "
+                       "truncation notice)")
+        for name in ("max_turns_jitter", "max_generation_retries", "max_concurrent_trajectories"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 0:
+                raise _err(name, value, "must be an integer >= 0 (0 turns the feature off)")
+        if self.max_context_tokens is not None and (
+            not isinstance(self.max_context_tokens, int) or self.max_context_tokens < 2
+        ):
+            raise _err("max_context_tokens", self.max_context_tokens, "must be an integer >= 2, or null for "
+                       "rollout.prompt_length + rollout.response_length")
+        if not 0.0 < self.completion_cutoff <= 1.0:
+            raise _err("completion_cutoff", self.completion_cutoff, "must be in (0, 1]; 1.0 turns the cut-off off")
+        if self.system_prompt is not None and not (isinstance(self.system_prompt, str) and self.system_prompt.strip()):
+            raise _err("system_prompt", self.system_prompt, "must be a non-empty string, or null for the default")
+
+    @classmethod
+    def from_dict(cls, section: Mapping[str, Any] | None) -> "AgentLoopConfig":
+        """Build from a mapping (e.g. the ``algorithm.igpo.agent`` DictConfig); missing keys take the defaults."""
+        values = _plain(section)
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(
+                f"algorithm.igpo.agent has unknown keys {unknown}; valid keys are {sorted(known)}. Fix the spelling "
+                "or remove them."
+            )
+        if "tool_names" in values:
+            values["tool_names"] = _name_tuple(values["tool_names"], "tool_names")
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class RolloutScoringConfig:
+    """The ``algorithm.igpo`` knobs the agent loop needs for rollout-side answer scoring (igpo.md §3.4).
+
+    score_on: ``actor`` (the trainer scores boundaries; the loop only records them) or ``rollout`` (the loop asks
+        the rollout engine for the ground truth's prompt log-probs at every scored boundary).
+    answer_template_prefix / answer_template_suffix: the pseudo answer P(gt) = prefix + gt + suffix + eos text;
+        None = ``igpo.core.ground_truth.AnswerTemplate`` defaults. The loop appends the tokenizer's eos text.
+    info_gain: keyword arguments of ``igpo.core.info_gain.InfoGainConfig`` (which boundaries are scored, alias mode).
+    """
+
+    score_on: str = "actor"
+    answer_template_prefix: str | None = None
+    answer_template_suffix: str | None = None
+    info_gain: tuple[tuple[str, Any], ...] = ()
+
+    INFO_GAIN_KEYS = (
+        "info_gain_type", "ig_tool_filter", "ig_compute_freq", "use_format_penalty", "format_penalty_scale",
+        "answer_alias",
+    )
+
+    def __post_init__(self):
+        if self.score_on not in SCORE_ON:
+            raise ValueError(f"algorithm.igpo.score_on={self.score_on!r} is unknown; use one of {SCORE_ON}.")
+
+    @classmethod
+    def from_dict(cls, igpo_section: Mapping[str, Any] | None) -> "RolloutScoringConfig":
+        """Pick the scoring knobs out of the whole ``algorithm.igpo`` section (other keys belong to others)."""
+        values = _plain(igpo_section)
+        info_gain = {k: values[k] for k in cls.INFO_GAIN_KEYS if k in values}
+        if "ig_tool_filter" in info_gain:
+            info_gain["ig_tool_filter"] = _name_tuple(info_gain["ig_tool_filter"], "ig_tool_filter")
+        return cls(
+            score_on=values.get("score_on", "actor"),
+            answer_template_prefix=values.get("answer_template_prefix"),
+            answer_template_suffix=values.get("answer_template_suffix"),
+            info_gain=tuple(sorted(info_gain.items())),
+        )
+
+
+def _plain(section: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A plain dict from None, a dict or an OmegaConf DictConfig (interpolations resolved)."""
+    if section is None:
+        return {}
+    try:
+        from omegaconf import OmegaConf
+    except ImportError:  # omegaconf comes with verl; a plain dict needs no conversion
+        return dict(section)
+    if OmegaConf.is_config(section):
+        return dict(OmegaConf.to_container(section, resolve=True))
+    return dict(section)
+
+
+def _name_tuple(value: Any, name: str) -> tuple[str, ...]:
+    """A comma string ("search,visit") or a list of names -> a tuple of stripped lower-case names."""
+    if isinstance(value, str):
+        items = value.split(",")
+    elif isinstance(value, (list, tuple)):
+        items = list(value)
+    else:
+        raise ValueError(f"{name}={value!r} must be a comma-separated string or a list of names.")
+    return tuple(str(item).strip().lower() for item in items if str(item).strip())

@@ -1,0 +1,682 @@
+"""``igpo_agent``: the deep-research agent loop for verl 0.9.1 (igpo.md §4, verl.md §3).
+
+One trajectory is up to ``max_turns`` assistant turns of think -> tool call -> observation -> ... -> answer. The
+token sequence is built incrementally, token in / token out (igpo.md §10 items 3, 4, 23):
+
+    context = prompt_ids                                  (chat template of [system, user] + generation prompt)
+    turn j:  b_j = len(context)                           (boundary: the context the policy saw before turn j)
+             context += sampled ids (+ end-of-turn token if the engine stopped without it)   response_mask 1
+             context += observation ids                   (end-of-turn closing, user header, <tool_response>,
+                                                           the content, generation prompt)      response_mask 0
+
+The observation ids come from three pieces derived ONCE from the chat template (prefix, suffix) plus the tokenized
+content, so the work of a turn does not depend on the length of the history. Boundaries and turn ends are exact
+indices into this sequence; nothing is recovered from text afterwards.
+
+When the next turn cannot be a tool-calling turn (not enough context left for it, its observation and a final
+answer; the turn limit; the batch-wide completion cut-off) an instruction to answer now is APPENDED to the last
+user message, never substituted for it (igpo.md §10 item 16), and the next turn is the last.
+
+With ``algorithm.igpo.score_on=rollout`` the loop also asks the rollout engine for the log-probabilities of the
+pseudo answer P(gt) after every scored boundary b_s (igpo.md §1.1-1.3):
+
+    l_s = (1/|G|) * sum_{k in G} log pi(y_k | context[:b_s], y_<k)
+
+as a background request that overlaps the next generation and tool call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import os
+import random
+import time
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+from uuid import uuid4
+
+from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput, register
+
+from igpo import protocol
+from igpo.agent_config import AgentLoopConfig, RolloutScoringConfig
+from igpo.core.ground_truth import AnswerTemplate, Probe, build_probe, parse_ground_truth, scoring_aliases
+from igpo.core.info_gain import InfoGainConfig, scored_boundaries
+from igpo.core.turn_format import check_answer_turn, check_tool_turn
+
+logger = logging.getLogger(__name__)
+logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "WARN"))
+
+EXTRA_FIELD_KEYS = (
+    "igpo_turn_ends", "igpo_boundaries", "igpo_tool_names", "igpo_tool_status", "igpo_turn_format_ok",
+    "igpo_num_turns", "igpo_infra_errors", "igpo_forced_final", "igpo_cutoff", "igpo_truncated", "igpo_retries",
+    "igpo_final_turn_text", "igpo_final_answer", "igpo_answer_logprobs", "igpo_stop_reason", "igpo_eos_appended",
+    "igpo_scoring_errors", "igpo_error", "igpo_question", "min_global_steps", "max_global_steps", "turn_scores", "tool_rewards",
+)
+"""Keys present in EVERY output's ``extra_fields`` (verl concatenates them across samples)."""
+
+_SCORING_PARAMS = {"max_tokens": 1, "prompt_logprobs": 0, "temperature": 1.0}
+_SLOT = "IGPO_OBSERVATION_SLOT"
+_ASSISTANT_SLOT = "IGPO_ASSISTANT_SLOT"
+
+
+class AgentTemplateError(ValueError):
+    """The tokenizer / chat template / config cannot drive the loop. Raised (never turned into a dummy sample)."""
+
+
+class SampleError(ValueError):
+    """One sample cannot be rolled out (prompt too long, unusable ground truth): it becomes a flagged dummy output."""
+
+
+class ToolCaller(Protocol):
+    """What the loop needs from a tool client (``tool_server.client.ToolClient`` satisfies it).
+
+    ``call`` returns an object with ``ok: bool``, ``text: str``, ``error_kind: None | "infra" | "bad_request" |
+    "no_results" | "budget"``; it must not mutate ``arguments``.
+    """
+
+    async def call(self, name: str, arguments: dict) -> Any: ...
+
+
+@dataclass(frozen=True)
+class ChatFrame:
+    """The chat template's token pieces around an observation, derived once per tokenizer.
+
+    observation ids = prefix_ids + content ids + suffix_ids[reason], where ``reason`` is None for a normal
+    observation or a key of ``protocol.ANSWER_NOW`` when the answer-now instruction follows the tool response.
+    The prefix starts right after the end-of-turn token (e.g. ``\\n<|im_start|>user\\n<tool_response>\\n``); the
+    suffix ends with the generation prompt (e.g. ``\\n</tool_response><|im_end|>\\n<|im_start|>assistant\\n``).
+    """
+
+    eot_id: int
+    eot_text: str
+    think_prefilled: bool
+    prefix_ids: tuple[int, ...]
+    suffix_ids: dict[str | None, tuple[int, ...]]
+
+    @property
+    def max_frame_len(self) -> int:
+        return len(self.prefix_ids) + max(len(s) for s in self.suffix_ids.values())
+
+    @classmethod
+    def build(cls, tokenizer: Any, template_kwargs: dict[str, Any]) -> "ChatFrame":
+        name = getattr(tokenizer, "name_or_path", type(tokenizer).__name__)
+
+        def render(messages: list[dict], generation_prompt: bool) -> str:
+            return tokenizer.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=generation_prompt, **template_kwargs
+            )
+
+        anchor = [{"role": "system", "content": "S"}, {"role": "user", "content": "Q"}]
+        with_prompt, without_prompt = render(anchor, True), render(anchor, False)
+        if not with_prompt.startswith(without_prompt) or len(with_prompt) == len(without_prompt):
+            raise AgentTemplateError(
+                f"the chat template of tokenizer {name!r} adds no generation prompt (add_generation_prompt=True "
+                "renders the same text as False, or not a continuation of it); the agent loop needs the assistant "
+                "header to start every turn. Use a chat template with a generation prompt (ChatML: "
+                "'<|im_start|>assistant\\n')."
+            )
+        think_prefilled = with_prompt[len(without_prompt):].rstrip().endswith("<think>")
+        conversation = anchor + [{"role": "assistant", "content": _ASSISTANT_SLOT}]
+
+        def after_assistant(content: str) -> str:
+            text = render(conversation + [{"role": "user", "content": content}], True)
+            cut = text.rfind(_ASSISTANT_SLOT)
+            if cut < 0 or text.count(_SLOT) != 1:
+                raise AgentTemplateError(
+                    f"the chat template of tokenizer {name!r} does not render message contents verbatim; the agent "
+                    "loop needs a template that copies assistant and user contents into the text."
+                )
+            return text[cut + len(_ASSISTANT_SLOT):]
+
+        plain = after_assistant(protocol.wrap_observation(_SLOT))
+        encode = lambda text: tuple(tokenizer.encode(text, add_special_tokens=False))  # noqa: E731
+        closing = encode(plain.split(_SLOT)[0])
+        eot_id = closing[0] if closing else None
+        eot_text = tokenizer.decode([eot_id]) if eot_id is not None else ""
+        if eot_id is None or not eot_text.strip() or not plain.startswith(eot_text):
+            raise AgentTemplateError(
+                f"the chat template of tokenizer {name!r} does not close an assistant turn with a single "
+                f"end-of-turn token (text after the assistant content: {plain.split(_SLOT)[0]!r}). The loop needs "
+                "one (ChatML: <|im_end|>) to know where a sampled turn ends."
+            )
+        prefix, suffix = plain[len(eot_text):].split(_SLOT)
+        suffixes: dict[str | None, tuple[int, ...]] = {None: encode(suffix)}
+        for reason, instruction in protocol.ANSWER_NOW.items():
+            forced = after_assistant(protocol.wrap_observation(_SLOT) + "\n\n" + instruction)
+            forced_prefix, forced_suffix = forced[len(eot_text):].split(_SLOT)
+            if forced_prefix != prefix:
+                raise AgentTemplateError(
+                    f"the chat template of tokenizer {name!r} renders the start of a user message differently "
+                    "depending on its end; the loop cannot append the answer-now instruction to an observation."
+                )
+            suffixes[reason] = encode(forced_suffix)
+        return cls(eot_id, eot_text, think_prefilled, encode(prefix), suffixes)
+
+    def observation(self, content_ids: list[int], reason: str | None, budget: int, tokenizer: Any) -> list[int]:
+        """Observation ids with the content cut to ``budget`` tokens (a notice of the cut included in the budget)."""
+        if len(content_ids) > budget:
+            notice = _encode_content(
+                tokenizer, f"\n[observation truncated: first part of {len(content_ids)} tokens shown]"
+            )
+            content_ids = content_ids[: max(0, budget - len(notice))] + notice
+        return [*self.prefix_ids, *content_ids, *self.suffix_ids[reason]]
+
+
+def _encode_content(tokenizer: Any, text: str) -> list[int]:
+    """Tokenize untrusted text (tool output) so that control-token text in it (``<|im_end|>``) stays plain text."""
+    return tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)
+
+
+@dataclass
+class _Settings:
+    agent: AgentLoopConfig
+    scoring: RolloutScoringConfig
+    info_gain: InfoGainConfig | None
+
+
+@dataclass
+class _BatchProgress:
+    started: int = 0
+    finished: int = 0
+    cut: bool = False
+
+
+@dataclass
+class _LoopState:
+    """Per-process, per-event-loop shared state (verl instantiates one loop object per trajectory)."""
+
+    tool_clients: dict[tuple[str, float], Any] = field(default_factory=dict)
+    semaphores: dict[int, asyncio.Semaphore] = field(default_factory=dict)
+    batches: dict[Any, _BatchProgress] = field(default_factory=dict)
+
+
+_SETTINGS: dict[int, tuple[Any, _Settings]] = {}
+_FRAMES: dict[tuple[int, str], tuple[Any, ChatFrame]] = {}
+_LOOP_STATES: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState]" = weakref.WeakKeyDictionary()
+
+
+def _loop_state() -> _LoopState:
+    loop = asyncio.get_running_loop()
+    state = _LOOP_STATES.get(loop)
+    if state is None:
+        state = _LOOP_STATES[loop] = _LoopState()
+    return state
+
+
+def _settings_for(trainer_config: Any) -> _Settings:
+    """Parse and validate ``algorithm.igpo`` once per trainer config object (cached per process)."""
+    cached = _SETTINGS.get(id(trainer_config))
+    if cached is not None and cached[0] is trainer_config:
+        return cached[1]
+    algorithm = trainer_config.get("algorithm") or {}
+    igpo = algorithm.get("igpo") or {}
+    agent = AgentLoopConfig.from_dict(igpo.get("agent"))
+    scoring = RolloutScoringConfig.from_dict(igpo)
+    info_gain = InfoGainConfig(**dict(scoring.info_gain)) if scoring.score_on == "rollout" else None
+    settings = _Settings(agent, scoring, info_gain)
+    _SETTINGS[id(trainer_config)] = (trainer_config, settings)
+    return settings
+
+
+def _frame_for(tokenizer: Any, template_kwargs: dict[str, Any]) -> ChatFrame:
+    key = (id(tokenizer), repr(sorted(template_kwargs.items())))
+    cached = _FRAMES.get(key)
+    if cached is None or cached[0] is not tokenizer:
+        cached = _FRAMES[key] = (tokenizer, ChatFrame.build(tokenizer, template_kwargs))
+    return cached[1]
+
+
+def _shared_tool_client(url: str, timeout_s: float) -> Any:
+    """One ``ToolClient`` per process, event loop, URL and timeout (its HTTP pool is bound to the loop)."""
+    state = _loop_state()
+    client = state.tool_clients.get((url, timeout_s))
+    if client is None:
+        from tool_server.client import ToolClient
+
+        client = state.tool_clients[(url, timeout_s)] = ToolClient(url, timeout_s=timeout_s)
+    return client
+
+
+def _batch_key(kwargs: dict[str, Any]) -> Any:
+    """Trajectories of one worker batch share the global step they were launched for."""
+    step = kwargs.get("global_steps")
+    try:
+        return int(step)
+    except (TypeError, ValueError):
+        return repr(step)
+
+
+@dataclass
+class _Trajectory:
+    """Everything one rollout accumulates; turned into an ``AgentLoopOutput`` at the end."""
+
+    request_id: str
+    prompt_len: int = 0
+    context: list[int] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    logprobs: list[float] | None = field(default_factory=list)
+    turn_ends: list[int] = field(default_factory=list)
+    boundaries: list[int] = field(default_factory=list)
+    tool_names: list[str | None] = field(default_factory=list)
+    tool_status: list[str] = field(default_factory=list)
+    format_ok: list[bool] = field(default_factory=list)
+    infra_errors: int = 0
+    forced_final: bool = False
+    cutoff: bool = False
+    truncated: bool = False
+    retries: int = 0
+    eos_appended: int = 0
+    observations: int = 0
+    final_turn_text: str = ""
+    final_answer: str | None = None
+    stop_reason: str = "none"
+    error: str | None = None
+    scoring_tasks: dict[int, asyncio.Task] = field(default_factory=dict)
+    answer_logprobs: list[list[float] | None] = field(default_factory=list)
+    scoring_errors: int = 0
+    server_fields: dict[str, Any] = field(default_factory=dict)
+    generate_s: float = 0.0
+    tool_s: float = 0.0
+    num_preempted: int = -1
+
+    def append(self, ids: list[int], trained: bool, logprobs: list[float] | None = None) -> None:
+        self.context.extend(ids)
+        self.mask.extend([1 if trained else 0] * len(ids))
+        if self.logprobs is not None:
+            self.logprobs.extend(logprobs if logprobs is not None else [0.0] * len(ids))
+
+
+@register("igpo_agent")
+class IGPOAgentLoop(AgentLoopBase):
+    """Deep-research agent loop (search / visit tools) with exact per-turn token bookkeeping for IGPO.
+
+    verl instantiates it per trajectory with ``trainer_config, server_manager, tokenizer, processor, dataset_cls,
+    data_config, hf_model_type, tools``. ``tool_caller`` (an object with ``async call(name, arguments)``) replaces
+    the shared ``ToolClient`` built from ``algorithm.igpo.agent.tool_server_url`` — the hook for tests and custom
+    tool back-ends. All knobs come from ``algorithm.igpo`` (see ``igpo.agent_config``).
+    """
+
+    def __init__(self, *args: Any, tool_caller: ToolCaller | None = None, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.settings = _settings_for(self.config)
+        self.cfg = self.settings.agent
+        self.prompt_length = int(self.rollout_config.prompt_length)
+        self.response_length = int(self.rollout_config.response_length)
+        self.max_context = self.cfg.max_context_tokens or self.prompt_length + self.response_length
+        template_kwargs = dict(self.apply_chat_template_kwargs or {})
+        self.template_kwargs = template_kwargs
+        self.frame = _frame_for(self.tokenizer, template_kwargs)
+        if tool_caller is None and self.cfg.tool_server_url is None:
+            raise AgentTemplateError(
+                "algorithm.igpo.agent.tool_server_url is not set; the igpo_agent loop needs the tool service "
+                "(start tool_server and pass its URL, e.g. "
+                "+algorithm.igpo.agent.tool_server_url=http://127.0.0.1:8001)."
+            )
+        self._tool_caller = tool_caller
+        self._system_prompt = self.cfg.system_prompt or protocol.DEFAULT_SYSTEM_PROMPT
+
+    # ------------------------------------------------------------------ entry point
+
+    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
+        state = _loop_state()
+        key = _batch_key(kwargs)
+        progress = state.batches.setdefault(key, _BatchProgress())
+        progress.started += 1
+        traj = _Trajectory(request_id=uuid4().hex)
+        try:
+            async with self._slot(state):
+                await self._rollout(traj, sampling_params, kwargs, progress)
+        except SampleError as err:
+            logger.warning("igpo_agent: sample %s becomes a dummy output: %s", kwargs.get("index"), err)
+            traj.error = str(err)
+        finally:
+            for task in traj.scoring_tasks.values():
+                task.cancel()
+            self._finish(state, key, progress)
+        return self._output(traj, kwargs)
+
+    def _slot(self, state: _LoopState) -> Any:
+        limit = self.cfg.max_concurrent_trajectories
+        if limit == 0:
+            return _NoLimit()
+        sem = state.semaphores.get(limit)
+        if sem is None:
+            sem = state.semaphores[limit] = asyncio.Semaphore(limit)
+        return sem
+
+    def _finish(self, state: _LoopState, key: Any, progress: _BatchProgress) -> None:
+        """Count a finished trajectory; cut the batch's stragglers once ``completion_cutoff`` of it is done."""
+        progress.finished += 1
+        cutoff = self.cfg.completion_cutoff
+        if cutoff < 1.0 and progress.started >= 2 and progress.finished >= math.ceil(cutoff * progress.started):
+            progress.cut = True
+        if progress.finished >= progress.started and state.batches.get(key) is progress:
+            del state.batches[key]
+
+    # ------------------------------------------------------------------ the loop
+
+    async def _rollout(
+        self, traj: _Trajectory, sampling_params: dict[str, Any], kwargs: dict[str, Any], progress: _BatchProgress
+    ) -> None:
+        cfg, frame = self.cfg, self.frame
+        messages = [dict(m) for m in kwargs["raw_prompt"]]
+        if not messages or messages[0].get("role") != "system":
+            messages.insert(0, {"role": "system", "content": self._system_prompt})
+        probes = self._probes(kwargs) if self.settings.info_gain is not None else None
+        max_turns = self._draw_max_turns()
+
+        prompt_ids = self._render_prompt(messages)
+        reason = "max_turns" if max_turns == 1 else "cutoff" if progress.cut else None
+        if reason is None and not self._tool_turn_fits(len(prompt_ids), self._limit(len(prompt_ids))):
+            reason = "context"
+        if reason is not None:
+            messages[-1] = {**messages[-1], "content": f"{messages[-1]['content']}\n\n{protocol.ANSWER_NOW[reason]}"}
+            prompt_ids = self._render_prompt(messages)
+        if len(prompt_ids) > self.prompt_length:
+            raise SampleError(
+                f"prompt has {len(prompt_ids)} tokens > rollout.prompt_length={self.prompt_length}; raise "
+                "data.max_prompt_length / rollout.prompt_length or shorten the system prompt."
+            )
+        traj.prompt_len = len(prompt_ids)
+        traj.context = list(prompt_ids)
+        limit = self._limit(traj.prompt_len)
+        seen_calls: dict[str, int] = {}
+
+        for j in range(max_turns):
+            if reason is not None:
+                traj.forced_final = True
+                traj.cutoff = traj.cutoff or reason == "cutoff"
+            boundary = len(traj.context)
+            if limit - boundary < 2:  # not even one token plus the end-of-turn token fits
+                traj.truncated, traj.stop_reason = True, "context"
+                break
+            traj.boundaries.append(boundary)
+            self._schedule_scoring(traj, probes, j, boundary)
+
+            ids, logprobs, text, parsed = await self._generate_turn(
+                traj, sampling_params, min(cfg.max_tokens_per_turn, limit - boundary - 1), seen_calls, reason
+            )
+            ended = bool(ids) and ids[-1] == frame.eot_id
+            traj.append(ids, True, logprobs)
+            traj.turn_ends.append(len(traj.context) - traj.prompt_len - 1)
+            if not ended:  # the engine stopped at max_tokens (or aborted): close the turn for the template.
+                # The policy did not sample this token, so it is not trained on (mask 0).
+                traj.append([frame.eot_id], False)
+                traj.eos_appended += 1
+            traj.final_turn_text = text
+
+            if reason is not None or parsed.kind == "answer":
+                traj.tool_names.append(None)
+                traj.tool_status.append("answer" if parsed.kind == "answer" else "none")
+                traj.format_ok.append(check_answer_turn(text, think_prefilled=frame.think_prefilled))
+                traj.final_answer = parsed.answer if parsed.kind == "answer" else None
+                traj.stop_reason = reason or "answer"
+                traj.truncated = traj.truncated or not ended
+                break
+
+            name, status, content = await self._act(traj, parsed, seen_calls, j)
+            traj.tool_names.append(name)
+            traj.tool_status.append(status)
+            traj.format_ok.append(check_tool_turn(text, think_prefilled=frame.think_prefilled))
+
+            # Decide whether turn j+1 must be the final one, then close turn j with its observation.
+            after_turn = len(traj.context)
+            reason = "max_turns" if j + 2 >= max_turns else "cutoff" if progress.cut else None
+            content_ids = _encode_content(self.tokenizer, content)
+            obs = frame.observation(content_ids, None, cfg.max_observation_tokens, self.tokenizer)
+            if reason is None and not self._tool_turn_fits(after_turn + len(obs), limit):
+                reason = "context"
+            if reason is not None:
+                # Leave a whole final turn when possible by shrinking this observation.
+                frame_len = len(frame.prefix_ids) + len(frame.suffix_ids[reason])
+                room = limit - after_turn - frame_len - cfg.max_tokens_per_turn - 1
+                budget = max(0, min(cfg.max_observation_tokens, room))
+                obs = frame.observation(content_ids, reason, budget, self.tokenizer)
+                if after_turn + len(obs) + 2 > limit:
+                    traj.truncated, traj.stop_reason = True, "context"
+                    break
+            traj.append(obs, False)
+            traj.observations += 1
+
+        await self._collect_scores(traj)
+
+    async def _generate_turn(
+        self,
+        traj: _Trajectory,
+        sampling_params: dict[str, Any],
+        max_tokens: int,
+        seen_calls: dict[str, int],
+        final_reason: str | None,
+    ) -> tuple[list[int], list[float] | None, str, protocol.ParsedTurn]:
+        """Sample one turn; resample (bounded) an empty / repetitive turn or a repeated tool call."""
+        cfg, frame = self.cfg, self.frame
+        params = {**sampling_params, "max_tokens": max_tokens}
+        attempt = 0
+        while True:
+            start = time.perf_counter()
+            out = await self.server_manager.generate(
+                request_id=traj.request_id, prompt_ids=traj.context, sampling_params=params
+            )
+            traj.generate_s += time.perf_counter() - start
+            self._merge_server_fields(traj, out)
+            ids = list(out.token_ids)
+            body = ids[:-1] if ids and ids[-1] == frame.eot_id else ids
+            text = self.tokenizer.decode(body, skip_special_tokens=False)
+            parsed = protocol.parse_turn(text)
+            retry = protocol.is_degenerate(text, cfg.repetition_window, cfg.repetition_max_repeats) or (
+                cfg.dedup_tool_calls
+                and final_reason is None
+                and parsed.kind == "tool_call"
+                and protocol.call_key(parsed.name, parsed.arguments) in seen_calls
+            )
+            if retry and attempt < cfg.max_generation_retries:
+                attempt += 1
+                traj.retries += 1
+                continue
+            logprobs = list(out.log_probs) if out.log_probs is not None else None
+            if logprobs is None or len(logprobs) != len(ids):
+                traj.logprobs = None  # the engine did not return per-token log-probs: report none rather than fake
+            return ids, logprobs, text, parsed
+
+    async def _act(
+        self, traj: _Trajectory, parsed: protocol.ParsedTurn, seen_calls: dict[str, int], turn: int
+    ) -> tuple[str | None, str, str]:
+        """Run the turn's tool call; return (tool name, status, observation content)."""
+        if parsed.kind == "malformed":
+            return None, "malformed", protocol.malformed_call_message(parsed.error or "malformed turn")
+        name = parsed.name
+        if name not in self.cfg.tool_names:
+            return name, "bad_request", protocol.unknown_tool_message(name, self.cfg.tool_names)
+        key = protocol.call_key(name, parsed.arguments)  # snapshot before the call: a client may not mutate it
+        if self.cfg.dedup_tool_calls and key in seen_calls:
+            return name, "duplicate", protocol.duplicate_call_message(seen_calls[key])
+        caller = self._tool_caller or _shared_tool_client(self.cfg.tool_server_url, self.cfg.tool_timeout_s)
+        start = time.perf_counter()
+        try:
+            result = await asyncio.wait_for(caller.call(name, parsed.arguments), timeout=self.cfg.tool_timeout_s)
+        except asyncio.TimeoutError:
+            status, text = "infra_error", f"Error: the {name} tool timed out after {self.cfg.tool_timeout_s:g} s."
+        except Exception as err:  # noqa: BLE001 - any client failure is an infrastructure error of this turn
+            logger.warning("igpo_agent: tool %s raised %s", name, type(err).__name__)
+            status, text = "infra_error", f"Error: the {name} tool failed ({type(err).__name__})."
+        else:
+            status = _STATUS_OF_ERROR_KIND.get(None if result.ok else result.error_kind, "infra_error")
+            text = result.text or f"Error: the {name} tool returned no text ({status})."
+        traj.tool_s += time.perf_counter() - start
+        if status == "infra_error":
+            traj.infra_errors += 1
+        else:  # an infrastructure failure may be retried by the model without counting as a duplicate
+            seen_calls.setdefault(key, turn)
+        return name, status, text
+
+    # ------------------------------------------------------------------ budget helpers
+
+    def _limit(self, prompt_len: int) -> int:
+        """Largest context length: the context budget, and the response never longer than response_length."""
+        return min(self.max_context, prompt_len + self.response_length)
+
+    def _tool_turn_fits(self, context_len: int, limit: int) -> bool:
+        """Can the next turn be a tool call? It, a worst-case observation and then a final turn must all fit."""
+        turn = self.cfg.max_tokens_per_turn + 1
+        observation = self.cfg.max_observation_tokens + self.frame.max_frame_len
+        return context_len + turn + observation + turn <= limit
+
+    def _draw_max_turns(self) -> int:
+        jitter = self.cfg.max_turns_jitter
+        if jitter == 0:
+            return self.cfg.max_turns
+        return max(1, self.cfg.max_turns + int((2.0 * random.random() - 1.0) * jitter))
+
+    def _render_prompt(self, messages: list[dict[str, Any]]) -> list[int]:
+        text = self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True, **self.template_kwargs
+        )
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    # ------------------------------------------------------------------ rollout-side answer scoring
+
+    def _probes(self, kwargs: dict[str, Any]) -> list[Probe]:
+        scoring, info_gain = self.settings.scoring, self.settings.info_gain
+        template = AnswerTemplate(
+            prefix=(
+                scoring.answer_template_prefix if scoring.answer_template_prefix is not None else AnswerTemplate.prefix
+            ),
+            suffix=(
+                scoring.answer_template_suffix if scoring.answer_template_suffix is not None else AnswerTemplate.suffix
+            ) + self.frame.eot_text,
+        )
+        try:
+            ground_truth = (kwargs.get("reward_model") or {})["ground_truth"]
+            aliases = scoring_aliases(parse_ground_truth(ground_truth), info_gain.answer_alias)
+            return [build_probe(self.tokenizer, alias, template) for alias in aliases]
+        except (KeyError, TypeError, ValueError) as err:
+            raise SampleError(f"cannot build the answer probe from reward_model.ground_truth: {err}") from err
+
+    def _schedule_scoring(self, traj: _Trajectory, probes: list[Probe] | None, turn: int, boundary: int) -> None:
+        if probes is None:
+            return
+        # Boundary s depends only on turn s-1's tool; the placeholder stands for turn s (not known yet).
+        scored = scored_boundaries([traj.tool_names[:turn] + [None]], self.settings.info_gain)[0][turn]
+        if scored:
+            prefix = traj.context[:boundary]
+            traj.scoring_tasks[turn] = asyncio.create_task(self._score_boundary(traj.request_id, prefix, probes))
+
+    async def _score_boundary(self, request_id: str, context: list[int], probes: list[Probe]) -> list[float]:
+        """l_s for every alias probe: mean of log p(y_k | context, y_<k) over the probe's ground-truth span G."""
+
+        async def one(probe: Probe) -> float:
+            out = await self.server_manager.generate(
+                request_id=request_id, prompt_ids=context + probe.token_ids, sampling_params=dict(_SCORING_PARAMS)
+            )
+            rows = out.extra_fields["prompt_logprobs"]
+            start, end = probe.span
+            # rows[i] holds log p(token_{i+1} | tokens_<=i): probe token k sits at len(context) + k.
+            values = [_first(rows[len(context) + k - 1]) for k in range(start, end)]
+            return sum(values) / len(values)
+
+        return list(await asyncio.gather(*(one(p) for p in probes)))
+
+    async def _collect_scores(self, traj: _Trajectory) -> None:
+        results: list[list[float] | None] = [None] * len(traj.boundaries)
+        for turn, task in traj.scoring_tasks.items():
+            try:
+                results[turn] = await task
+            except Exception as err:  # noqa: BLE001 - a failed boundary is recorded as unscored and counted
+                logger.warning("igpo_agent: answer scoring of boundary %d failed: %s", turn, err)
+                traj.scoring_errors += 1
+        traj.scoring_tasks.clear()
+        traj.answer_logprobs = results if self.settings.info_gain is not None else []
+
+    # ------------------------------------------------------------------ output
+
+    def _merge_server_fields(self, traj: _Trajectory, out: Any) -> None:
+        """Keep the weight versions the trajectory was generated with (verl's v1 trainer needs both)."""
+        fields_ = out.extra_fields or {}
+        if "min_global_steps" not in traj.server_fields:
+            traj.server_fields["min_global_steps"] = fields_.get("min_global_steps", fields_.get("global_steps"))
+        latest = fields_.get("max_global_steps", fields_.get("global_steps"))
+        if latest is not None:
+            traj.server_fields["max_global_steps"] = latest
+        if out.num_preempted is not None:
+            traj.num_preempted = max(traj.num_preempted, 0) + out.num_preempted
+
+    def _output(self, traj: _Trajectory, kwargs: dict[str, Any]) -> AgentLoopOutput:
+        if traj.prompt_len == 0:  # the sample failed before it had a prompt: a 1-token, fully masked dummy
+            pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.frame.eot_id
+            traj.context, traj.prompt_len, traj.mask, traj.logprobs = [pad, self.frame.eot_id], 1, [0], [0.0]
+        prompt_ids = traj.context[: traj.prompt_len]
+        response_ids = traj.context[traj.prompt_len:]
+        if not response_ids:
+            response_ids, traj.mask, traj.logprobs = [self.frame.eot_id], [0], [0.0]
+        if len(response_ids) > self.response_length:
+            raise RuntimeError(
+                f"igpo_agent built a response of {len(response_ids)} tokens > rollout.response_length="
+                f"{self.response_length}; the context budget check is broken."
+            )
+        step = _batch_key(kwargs)
+        fallback_step = step if isinstance(step, int) else 0  # no generation happened: the launch step
+        extra = {
+            "igpo_turn_ends": list(traj.turn_ends),
+            "igpo_boundaries": list(traj.boundaries),
+            "igpo_tool_names": list(traj.tool_names),
+            "igpo_tool_status": list(traj.tool_status),
+            "igpo_turn_format_ok": list(traj.format_ok),
+            "igpo_num_turns": len(traj.turn_ends),
+            "igpo_infra_errors": traj.infra_errors,
+            "igpo_forced_final": traj.forced_final,
+            "igpo_cutoff": traj.cutoff,
+            "igpo_truncated": traj.truncated,
+            "igpo_retries": traj.retries,
+            "igpo_final_turn_text": traj.final_turn_text,
+            "igpo_final_answer": traj.final_answer,
+            "igpo_answer_logprobs": traj.answer_logprobs if self.settings.info_gain is not None else [],
+            "igpo_stop_reason": traj.stop_reason if traj.error is None else "error",
+            "igpo_eos_appended": traj.eos_appended,
+            "igpo_scoring_errors": traj.scoring_errors,
+            "igpo_error": traj.error,
+            # The judge needs the question; the reward function receives only the response and the ground truth.
+            "igpo_question": next((str(m.get("content", "")) for m in reversed(list(kwargs.get("raw_prompt") or []))
+                                   if isinstance(m, dict) and m.get("role") == "user"), ""),
+            "min_global_steps": traj.server_fields.get("min_global_steps", fallback_step),
+            "max_global_steps": traj.server_fields.get("max_global_steps", fallback_step),
+            "turn_scores": [],
+            "tool_rewards": [],
+        }
+        if self.settings.info_gain is not None and len(extra["igpo_answer_logprobs"]) != len(traj.boundaries):
+            extra["igpo_answer_logprobs"] = [None] * len(traj.boundaries)
+        return AgentLoopOutput(
+            prompt_ids=prompt_ids,
+            response_ids=response_ids,
+            response_mask=traj.mask,
+            response_logprobs=traj.logprobs,
+            num_turns=1 + len(traj.turn_ends) + traj.observations,  # user prompt, assistant turns, tool responses
+            metrics={
+                "generate_sequences": traj.generate_s, "tool_calls": traj.tool_s, "num_preempted": traj.num_preempted,
+            },
+            extra_fields=extra,
+        )
+
+
+_STATUS_OF_ERROR_KIND = {
+    None: "ok",
+    "no_results": "no_results",
+    "bad_request": "bad_request",
+    "infra": "infra_error",
+    "budget": "infra_error",
+}
+
+
+def _first(row: Any) -> float:
+    """A prompt-logprob row is ``[logprob]`` (top-0 list) or a bare float, depending on the server."""
+    return float(row[0] if isinstance(row, (list, tuple)) else row)
+
+
+class _NoLimit:
+    async def __aenter__(self) -> None:
+        return None
+
+    async def __aexit__(self, *exc: Any) -> None:
+        return None
