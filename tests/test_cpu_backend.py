@@ -1,0 +1,65 @@
+"""The CPU backend without Ray: the HF rollout server's sampling log-probs and vLLM-style prompt_logprobs match a
+plain forward of the same model; the plugin registers everything in a fresh process."""
+
+import asyncio
+import os
+import subprocess
+import sys
+
+import torch
+
+
+def test_hf_server_logprobs_match_a_plain_forward(tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    from igpo.cpu.hf_rollout import HFRolloutServer
+
+    server = HFRolloutServer(str(tiny_model_dir), max_model_len=256, response_length=16)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+
+    async def run():
+        prompts = [[5, 17, 300, 42], [9, 8, 7, 6, 5, 4, 3]]  # different lengths: exercises left padding
+        params = {"temperature": 1.0, "top_p": 1.0, "max_tokens": 6, "prompt_logprobs": 0}
+        return prompts, await asyncio.gather(*[server.generate(p, params, request_id=str(i))
+                                               for i, p in enumerate(prompts)])
+
+    prompts, outputs = asyncio.run(run())
+    for prompt, out in zip(prompts, outputs):
+        assert 1 <= len(out.token_ids) <= 6 and len(out.log_probs) == len(out.token_ids)
+        full = torch.tensor([prompt + out.token_ids])
+        with torch.no_grad():
+            logp = model(full).logits.float().log_softmax(-1)[0]
+        expected = logp[torch.arange(len(prompt) - 1, full.shape[1] - 1), full[0, len(prompt):]]
+        assert torch.allclose(torch.tensor(out.log_probs), expected, atol=1e-4)
+        prompt_lp = out.extra_fields["prompt_logprobs"]
+        assert len(prompt_lp) == len(prompt) and prompt_lp[-1] == [0.0]
+        expected_prompt = logp[torch.arange(len(prompt) - 1), full[0, 1:len(prompt)]]
+        assert torch.allclose(torch.tensor([v[0] for v in prompt_lp[:-1]]), expected_prompt, atol=1e-4)
+
+
+def test_hf_server_rejects_a_prompt_that_fills_the_context(tiny_model_dir):
+    import pytest
+
+    from igpo.cpu.hf_rollout import HFRolloutServer
+
+    server = HFRolloutServer(str(tiny_model_dir), max_model_len=4, response_length=4)
+    with pytest.raises(ValueError, match="max_model_len=4"):
+        asyncio.run(server.generate([1, 2, 3, 4], {}, request_id="x"))
+
+
+def test_plugin_registers_everything_in_a_fresh_process():
+    code = (
+        "import verl, igpo.plugin as p\n"
+        "from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY as A\n"
+        "from verl.experimental.agent_loop.agent_loop import _agent_loop_registry as L\n"
+        "from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY as T\n"
+        "from verl.workers.rollout.replica import RolloutReplicaRegistry as R\n"
+        "from verl.plugin.platform.platform_manager import PlatformRegistry as P\n"
+        "assert not p.FAILED, p.FAILED\n"
+        "assert 'igpo' in A and 'grpo_info_gain' in A and 'igpo_agent' in L and 'igpo_sync' in T\n"
+        "assert 'hf' in R._registry and P.get('cpu') is not None\n"
+        "print('ok')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], env={**os.environ, "VERL_PLATFORM": "cpu"},
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-3000:]

@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# Train a deep-research agent with IGPO on verl 0.9.1.
+#
+#   bash train_igpo.sh [hydra overrides...]      e.g.  bash train_igpo.sh trainer.total_training_steps=2
+#
+# With GPUs: the real configuration (configs/igpo_trainer.yaml); MODEL_PATH, TRAIN_FILE, VAL_FILE choose the run.
+# Without GPUs (or with IGPO_DEVICE=cpu): the embedded CPU demo (configs/cpu_demo.yaml): a tiny local model, the local
+# BM25 corpus behind tool_server, F1 reward, a few steps. Secrets and endpoints come from .env (see .env.example).
+set -euo pipefail
+cd "$(dirname "$0")"
+ROOT="$(pwd)"
+
+if [ -f .env ]; then set -a; . ./.env; set +a; fi
+source scripts/env.sh
+
+GPUS=0
+if [ "${IGPO_DEVICE:-auto}" != "cpu" ] && command -v nvidia-smi >/dev/null 2>&1; then
+    GPUS=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU" || true)
+fi
+RUN_DIR="${OUTPUT_DIR:-$ROOT/outputs/$(date +%Y%m%d-%H%M%S)}"
+mkdir -p "$RUN_DIR"
+LOG="$RUN_DIR/train.log"
+
+if [ "$GPUS" -gt 0 ]; then
+    CONFIG=igpo_trainer
+    : "${MODEL_PATH:?MODEL_PATH is not set: the policy checkpoint (a local Hugging Face directory) to train}"
+    TRAIN_FILE="${TRAIN_FILE:-$ROOT/data/train_nq_256.parquet}"
+    VAL_FILE="${VAL_FILE:-$ROOT/data/qa_test_7src.parquet}"
+    TOOL_BACKEND="${TOOL_BACKEND:-web}"
+    OVERRIDES=(trainer.n_gpus_per_node="$GPUS" trainer.nnodes="${NNODES:-1}")
+    echo "igpo: $GPUS GPU(s) found: running configs/igpo_trainer.yaml with MODEL_PATH=$MODEL_PATH"
+else
+    CONFIG=cpu_demo
+    export VERL_PLATFORM=cpu
+    MODEL_PATH="${MODEL_PATH:-$("$PY" -m igpo.tiny_model --out "$ROOT/.cache/tiny_model" --corpus "$ROOT/data/wiki_passages_1000.jsonl" 2>/dev/null | tail -n 1)}"
+    TRAIN_FILE="${TRAIN_FILE:-$ROOT/data/train_nq_256.parquet}"
+    VAL_FILE="${VAL_FILE:-$TRAIN_FILE}"
+    TOOL_BACKEND="${TOOL_BACKEND:-local}"
+    OVERRIDES=()
+    echo "igpo: no GPU: running the CPU demo (configs/cpu_demo.yaml, tiny model at $MODEL_PATH)"
+fi
+
+TOOL_PID=""
+cleanup() {
+    local status=$?
+    trap - EXIT INT TERM
+    [ -n "$TOOL_PID" ] && kill "$TOOL_PID" 2>/dev/null && wait "$TOOL_PID" 2>/dev/null
+    exit "$status"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+if [ -z "${TOOL_SERVER_URL:-}" ]; then
+    TOOL_LOG="$RUN_DIR/tool_server.log"
+    "$PY" -u -m tool_server --backend "$TOOL_BACKEND" --corpus "$ROOT/data/wiki_passages_1000.jsonl" \
+        --host 127.0.0.1 --port 0 --cache "$RUN_DIR/tool_cache.sqlite" > "$TOOL_LOG" 2>&1 &
+    TOOL_PID=$!
+    for _ in $(seq 1 120); do
+        TOOL_SERVER_URL=$(grep -o "http://127.0.0.1:[0-9]*" "$TOOL_LOG" | head -n 1 || true)
+        [ -n "$TOOL_SERVER_URL" ] && break
+        kill -0 "$TOOL_PID" 2>/dev/null || { echo "igpo: tool_server failed to start:"; tail -n 20 "$TOOL_LOG"; exit 1; }
+        sleep 0.5
+    done
+    [ -n "$TOOL_SERVER_URL" ] || { echo "igpo: tool_server did not come up in 60 s; see $TOOL_LOG"; exit 1; }
+    echo "igpo: tool server ($TOOL_BACKEND) at $TOOL_SERVER_URL, log $TOOL_LOG"
+fi
+export TOOL_SERVER_URL
+
+echo "igpo: training log $LOG; Ray dashboard at http://127.0.0.1:8265 while the job runs"
+# The trainer runs in the foreground (Ctrl-C reaches it and Ray shuts down); the full log goes to $LOG and one line
+# per training step (plus configuration errors) to the terminal.
+set +e
+"$PY" -u -m igpo.main --config-name "$CONFIG" \
+    actor_rollout_ref.model.path="$MODEL_PATH" \
+    data.train_files="$TRAIN_FILE" data.val_files="$VAL_FILE" \
+    algorithm.igpo.agent.tool_server_url="$TOOL_SERVER_URL" \
+    trainer.default_local_dir="$RUN_DIR/checkpoints" \
+    "${OVERRIDES[@]}" "$@" 2>&1 | tee "$LOG" \
+    | grep --line-buffered -E "step:[0-9]+ -|igpo: configuration error|Error executing job" \
+    | awk '!match($0, /step:[0-9]+ -/) { print; fflush(); next }
+           { line = "igpo: " substr($0, RSTART, RLENGTH - 2)
+             n = split("critic/score/mean igpo/ig_active_ratio igpo/raw_ig_mean igpo/turns_mean timing_s/step", keys, " ")
+             for (i = 1; i <= n; i++) if (match($0, keys[i] ":[^ ]+")) line = line "  " substr($0, RSTART, RLENGTH)
+             print line; fflush() }'
+STATUS=${PIPESTATUS[0]}
+set -e
+
+if [ "$STATUS" -ne 0 ]; then
+    echo "igpo: training failed (exit $STATUS); last lines of $LOG:"
+    grep -v "UserWarning\|warnings.warn" "$LOG" | tail -n 15
+    exit "$STATUS"
+fi
+LAST=$(grep -o "step:[0-9]* - .*" "$LOG" | tail -n 1 || true)
+echo "igpo: done. Summary of the last step:"
+for key in training/global_step critic/score/mean igpo/ig_active_ratio igpo/raw_ig_mean igpo/turns_mean \
+           igpo/infra_errors actor/pg_loss actor/kl_loss timing_s/step; do
+    value=$(echo "$LAST" | grep -o "$key:[^ ]*" | head -n 1 | cut -d: -f2)
+    printf '  %-24s %s\n' "$key" "${value:-n/a}"
+done
+echo "igpo: full log $LOG"
