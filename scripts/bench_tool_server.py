@@ -1,0 +1,189 @@
+"""Tool-server throughput under a concurrency limit, and the speed-up from its cache.
+
+Starts a fake Serper on 127.0.0.1 that answers every request after ``--latency`` seconds (200 ms), starts the
+real tool server (``python -m tool_server --backend web``, subprocess, port 0) with ``--search-concurrency C``,
+then fires ``--requests`` (256) concurrent distinct searches through ``ToolClient``:
+
+    throughput_vs_bound = (requests / wall time) / (C / latency)     -- 1.0 = the limit is the only cost
+    cache_hit_speedup   = wall time of the cold run / wall time of the same requests again (all cache hits)
+
+It also checks that the fake never saw more than C requests at once and that each query cost one upstream call.
+Last line: ``tool server: throughput_vs_bound=<f> cache_hit_speedup=<x>x``.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import httpx  # noqa: E402
+
+from tool_server import ToolClient  # noqa: E402
+
+
+class SlowSerper:
+    """Minimal HTTP/1.1 keep-alive server: Serper-shaped JSON after a fixed latency; tracks peak concurrency.
+
+    Runs in its own process so the benchmark client's CPU work cannot delay its answers. ``GET /_stats`` returns
+    {"calls", "peak"}; ``GET /_reset`` zeroes them.
+    """
+
+    def __init__(self, latency_s: float) -> None:
+        self.latency_s = latency_s
+        self.in_flight = 0
+        self.peak = 0
+        self.calls = 0
+        self.arrivals: list[float] = []  # request arrival times, for the hand-over gap diagnostic
+
+    async def serve_forever(self, port_out) -> None:
+        server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        port_out.put(server.sockets[0].getsockname()[1])
+        async with server:
+            await server.serve_forever()
+
+    def _answer(self, method: str, path: str, body: bytes) -> bytes | None:
+        if method == "GET" and path == "/_stats":
+            return json.dumps({"calls": self.calls, "peak": self.peak, "arrivals": self.arrivals}).encode()
+        if method == "GET" and path == "/_reset":
+            self.calls = self.peak = 0
+            self.arrivals = []
+            return b"{}"
+        return None
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while line := await reader.readline():
+                method, path, _ = line.decode("latin-1").split(" ", 2)
+                length = 0
+                while (header := await reader.readline()) not in (b"\r\n", b""):
+                    name, _, value = header.decode("latin-1").partition(":")
+                    if name.strip().lower() == "content-length":
+                        length = int(value)
+                request = await reader.readexactly(length)
+                body = self._answer(method, path, request)
+                if body is None:
+                    query = json.loads(request)["q"]
+                    self.calls += 1
+                    self.arrivals.append(time.perf_counter())
+                    self.in_flight += 1
+                    self.peak = max(self.peak, self.in_flight)
+                    await asyncio.sleep(self.latency_s)
+                    self.in_flight -= 1
+                    body = json.dumps({"organic": [{"title": f"About {query}", "link": f"https://example.com/{k}",
+                                                    "snippet": f"Result {k} for {query}."}
+                                                   for k in range(5)]}).encode()
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
+                             + str(len(body)).encode() + b"\r\n\r\n" + body)
+                await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
+            pass  # shutdown cancels idle keep-alive connections
+        finally:
+            writer.close()
+
+
+def run_fake(latency_s: float, port_out) -> None:
+    asyncio.run(SlowSerper(latency_s).serve_forever(port_out))
+
+
+async def start_tool_server(fake_url: str, concurrency: int) -> tuple[subprocess.Popen, str]:
+    env = {**os.environ, "SERPER_KEY_ID": "bench-key", "JINA_API_KEYS": "bench-key", "API_KEY": "bench-key",
+           "API_BASE": fake_url + "/v1", "SUMMARY_MODEL_NAME": "none"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tool_server", "--backend", "web", "--host", "127.0.0.1", "--port", "0",
+         "--serper-base-url", fake_url, "--allow-private-upstreams", "--search-concurrency", str(concurrency),
+         "--search-rate", "100000", "--log-level", "WARNING"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
+    line = await asyncio.to_thread(proc.stdout.readline)
+    if not line.startswith("tool_server listening on "):
+        proc.kill()
+        raise RuntimeError(f"tool server did not start (printed {line!r})")
+    return proc, line.strip().rsplit(" ", 1)[1]
+
+
+async def fire(client: ToolClient, queries: list[str], server: subprocess.Popen) -> float:
+    start = time.perf_counter()
+    results = await asyncio.gather(*(client.call("search", {"query": q}) for q in queries))
+    elapsed = time.perf_counter() - start
+    failed = [r for r in results if not r.ok]
+    if failed:
+        raise RuntimeError(f"{len(failed)} searches failed (tool server exit status: {server.poll()}), "
+                           f"first: {failed[0].text[:200]}")
+    return elapsed
+
+
+async def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--requests", type=int, default=256)
+    p.add_argument("--concurrency", type=int, default=16, help="the tool server's --search-concurrency C")
+    p.add_argument("--latency", type=float, default=0.2, help="fake upstream latency in seconds")
+    p.add_argument("--trials", type=int, default=3,
+                   help="fresh query sets; the median trial is reported (the 2-core CI box is shared and noisy)")
+    args = p.parse_args()
+
+    ctx = multiprocessing.get_context("spawn")
+    port_out = ctx.Queue()
+    fake = ctx.Process(target=run_fake, args=(args.latency, port_out), daemon=True)
+    fake.start()
+    proc = None
+    try:
+        fake_url = f"http://127.0.0.1:{port_out.get(timeout=30)}"
+        proc, url = await start_tool_server(fake_url, args.concurrency)
+        async with ToolClient(url, max_connections=args.requests) as client, httpx.AsyncClient() as probe:
+            # steady state, as in training: open the client's connections before timing
+            await asyncio.gather(*(client.get_json("/health") for _ in range(args.requests)))
+            # and the server's connections to the upstream, and its first-call code paths
+            await fire(client, [f"warm-up query {i}" for i in range(args.concurrency)], proc)
+            await probe.get(fake_url + "/_reset")
+            colds, warms, peak = [], [], 0
+            for trial in range(args.trials):
+                queries = [f"benchmark query number {i} of trial {trial}" for i in range(args.requests)]
+                colds.append(await fire(client, queries, proc))
+                upstream = (await probe.get(fake_url + "/_stats")).json()
+                peak = max(peak, upstream["peak"])
+                warms.append(await fire(client, queries, proc))
+            upstream_calls = upstream["calls"]
+            arrivals = sorted(upstream["arrivals"])[-args.requests:]  # the last trial
+            stats = await client.get_json("/stats")
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(10)
+        fake.terminate()
+        fake.join(10)
+
+    bound = args.concurrency / args.latency
+    cold, warm = statistics.median(colds), statistics.median(warms)
+    throughput = args.requests / cold
+    print(f"requests={args.requests} C={args.concurrency} upstream_latency={args.latency * 1000:.0f}ms "
+          f"trials={args.trials} (median reported)")
+    print(f"cold   s per trial: {' '.join(f'{t:.3f}' for t in colds)}  -> {throughput:.1f} req/s; bound {bound:.1f} "
+          f"req/s (ideal {args.requests / bound:.3f}s)")
+    print(f"cached s per trial: {' '.join(f'{t:.3f}' for t in warms)}  -> {args.requests / warm:.1f} req/s; "
+          f"hit_rate={stats['cache']['hit_rate']:.3f}")
+    rounds = args.requests // args.concurrency
+    if rounds > 1:
+        # time for one upstream slot to go round once: latency + the server's hand-over; the rest of the gap to the
+        # bound is the ramp-up while the server ingests a burst of `requests` arriving at once
+        cycle = (arrivals[-1] - arrivals[args.concurrency - 1]) / (rounds - 1)
+        ramp = arrivals[args.concurrency - 1] - arrivals[0]
+        print(f"last trial: steady-state slot cycle {cycle * 1000:.1f} ms (latency {args.latency * 1000:.0f} ms), "
+              f"ramp-up {ramp * 1000:.0f} ms until all {args.concurrency} slots were busy")
+    want = args.requests * args.trials
+    print(f"upstream calls={upstream_calls} (want {want})  peak upstream concurrency={peak} (limit {args.concurrency})")
+    if upstream_calls != want or peak > args.concurrency:
+        raise SystemExit("FAIL: the concurrency limit or the one-call-per-query guarantee was violated")
+    print(f"tool server: throughput_vs_bound={throughput / bound:.3f} cache_hit_speedup={cold / warm:.1f}x")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

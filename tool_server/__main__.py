@@ -1,0 +1,162 @@
+"""``python -m tool_server --backend local|web …``: start the tool service.
+
+Once it accepts connections it prints exactly one line on stdout, ``tool_server listening on http://HOST:PORT``
+(with ``--port 0`` the OS picks the port; launchers parse this line). Logs go to stderr, secrets masked.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import socket
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from .config import ConfigError, Secrets, ServerConfig, read_env_file
+from .errors import ToolError
+from .redact import RedactingFilter, Redactor
+from .safety import check_url_syntax
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    d = ServerConfig()
+    p = argparse.ArgumentParser(prog="python -m tool_server", description=__doc__,
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--backend", choices=["local", "web"], required=True)
+    p.add_argument("--corpus", type=Path, help="JSONL corpus for --backend local ({'id','contents'} per line)")
+    p.add_argument("--host", default=d.host)
+    p.add_argument("--port", type=int, default=d.port, help="0 picks a free port")
+    p.add_argument("--cache", dest="cache_path", default=None,
+                   help="SQLite cache file shared by all workers of a job (default: in-memory, lost at exit)")
+    p.add_argument("--cache-ttl-s", type=float, default=None, help="refetch cached answers older than this")
+    p.add_argument("--budget-search", type=int, default=None, help="max Serper calls this run (default: no cap)")
+    p.add_argument("--budget-visit", type=int, default=None, help="max Jina Reader calls this run")
+    p.add_argument("--budget-summary", type=int, default=None, help="max summariser LLM calls this run")
+    p.add_argument("--search-concurrency", type=int, default=d.serper.concurrency)
+    p.add_argument("--search-rate", type=float, default=d.serper.rate_per_s, help="Serper requests per second")
+    p.add_argument("--visit-concurrency", type=int, default=d.jina.concurrency)
+    p.add_argument("--visit-rate", type=float, default=d.jina.rate_per_s, help="Jina requests per second")
+    p.add_argument("--summary-concurrency", type=int, default=d.summarizer.concurrency)
+    p.add_argument("--summary-rate", type=float, default=d.summarizer.rate_per_s)
+    p.add_argument("--max-attempts", type=int, default=d.serper.max_attempts, help="attempts per upstream call")
+    p.add_argument("--search-deadline-s", type=float, default=d.search_deadline_s)
+    p.add_argument("--visit-deadline-s", type=float, default=d.visit_deadline_s)
+    p.add_argument("--page-token-budget", type=int, default=d.page_token_budget)
+    p.add_argument("--default-topk", type=int, default=d.default_topk)
+    p.add_argument("--serper-base-url", default=None, help="default: $SERPER_BASE_URL or " + d.serper_base_url)
+    p.add_argument("--jina-base-url", default=None, help="default: $JINA_BASE_URL or " + d.jina_base_url)
+    p.add_argument("--allow-private-upstreams", action="store_true",
+                   help="let the configured upstream base URLs be loopback/private (test fakes, in-cluster LLM); "
+                        "model-chosen URLs are still refused")
+    p.add_argument("--env-file", type=Path, default=None,
+                   help="KEY=VALUE file with secrets; variables already in the environment win")
+    p.add_argument("--log-level", default="INFO")
+    return p.parse_args(argv)
+
+
+def build_config(args: argparse.Namespace, env: dict[str, str]) -> ServerConfig:
+    d = ServerConfig()
+    return ServerConfig(
+        backend=args.backend, corpus=args.corpus, host=args.host, port=args.port, cache_path=args.cache_path,
+        cache_ttl_s=args.cache_ttl_s, default_topk=args.default_topk, search_deadline_s=args.search_deadline_s,
+        visit_deadline_s=args.visit_deadline_s, page_token_budget=args.page_token_budget,
+        serper_base_url=args.serper_base_url or env.get("SERPER_BASE_URL") or d.serper_base_url,
+        jina_base_url=args.jina_base_url or env.get("JINA_BASE_URL") or d.jina_base_url,
+        allow_private_upstreams=args.allow_private_upstreams,
+        serper=replace(d.serper, concurrency=args.search_concurrency, rate_per_s=args.search_rate,
+                       max_attempts=args.max_attempts, budget=args.budget_search),
+        jina=replace(d.jina, concurrency=args.visit_concurrency, rate_per_s=args.visit_rate,
+                     max_attempts=args.max_attempts, budget=args.budget_visit),
+        summarizer=replace(d.summarizer, concurrency=args.summary_concurrency, rate_per_s=args.summary_rate,
+                           max_attempts=args.max_attempts, budget=args.budget_summary),
+    )
+
+
+def setup_logging(level: str, redactor: Redactor) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.addFilter(RedactingFilter(redactor))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    # httpx logs every request URL at INFO; our own per-call line is enough
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    logging.getLogger("httpcore").setLevel(logging.WARNING)
+
+
+async def serve(app, config: ServerConfig, sock: socket.socket) -> None:
+    import uvicorn
+
+    host, port = sock.getsockname()[:2]
+    # long keep-alive: agent clients hold pooled connections between turns; uvicorn's 5 s default closes them
+    # mid-run and races with requests being sent on them
+    server = uvicorn.Server(uvicorn.Config(app, log_config=None, access_log=False, timeout_keep_alive=120,
+                                           timeout_graceful_shutdown=5))
+
+    async def announce():
+        while not server.started:
+            if server.should_exit:
+                return
+            await asyncio.sleep(0.01)
+        shown = f"[{host}]" if sock.family == socket.AF_INET6 else host
+        print(f"tool_server listening on http://{shown}:{port}", flush=True)
+
+    announcer = asyncio.create_task(announce())
+    await server.serve(sockets=[sock])
+    announcer.cancel()
+
+
+def check_private_upstreams(config: ServerConfig, secrets: Secrets | None) -> None:
+    """Fail at start-up, not on the first call, when a configured upstream is local but the flag is missing."""
+    if config.backend != "web" or config.allow_private_upstreams:
+        return
+    for name, url in (("--serper-base-url", config.serper_base_url), ("--jina-base-url", config.jina_base_url),
+                      ("API_BASE", secrets.api_base)):
+        try:
+            check_url_syntax(url, max_chars=config.max_url_chars)
+        except ToolError as exc:
+            raise ConfigError(f"{name}={url!r}: {exc.message}; pass --allow-private-upstreams if this upstream "
+                              "is meant to be local (a test fake, an in-cluster LLM)") from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    env = dict(os.environ)
+    if args.env_file is not None:
+        env = {**read_env_file(args.env_file), **env}
+    try:
+        secrets = Secrets.from_env(env) if args.backend == "web" else None
+        config = build_config(args, env)
+        config.validate()
+        check_private_upstreams(config, secrets)
+    except ConfigError as exc:
+        print(f"tool_server: configuration error: {exc}", file=sys.stderr)
+        return 2
+    setup_logging(args.log_level, Redactor(secrets.values() if secrets else []))
+    from .app import build_service, create_app
+    from .backends.local import CorpusError
+
+    try:
+        app = create_app(build_service(config, secrets))
+    except CorpusError as exc:
+        print(f"tool_server: corpus error: {exc}", file=sys.stderr)
+        return 2
+    family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
+    # proto must be IPPROTO_TCP: asyncio sets TCP_NODELAY only on such sockets, and without it Nagle + delayed
+    # ACK add ~40 ms to every response uvicorn writes in two pieces
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((config.host, config.port))
+    except OSError as exc:
+        print(f"tool_server: cannot listen on {config.host}:{config.port} ({exc.strerror}); pick another --port "
+              "or use --port 0 for a free one", file=sys.stderr)
+        return 2
+    asyncio.run(serve(app, config, sock))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

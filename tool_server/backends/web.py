@@ -1,0 +1,202 @@
+"""Web backend: Serper search, Jina Reader page fetch, goal-directed extraction by an OpenAI-compatible LLM.
+
+All three go through ``Upstream`` (limits, retries, budget, URL guard). Keys are sent only in request headers to
+the configured upstream origin and are dropped if an upstream redirects elsewhere.
+"""
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+from urllib.parse import urlsplit
+
+from ..config import Secrets, ServerConfig
+from ..errors import ToolError
+from ..safety import TargetGuard, check_url_syntax, origin_of
+from ..stats import Stats
+from ..upstream import Upstream
+from .base import PageResult, SearchHit
+
+_CJK = re.compile(r"[\u4e00-\u9fff]")
+_CREDENTIAL_STATUSES = (401, 402, 403)
+_JINA_MARKER = "Markdown Content:"
+_SHRINK = 0.7  # page kept after the summariser rejects a prompt as too long or returns nothing
+
+EXTRACTOR_PROMPT = """You read a web page for a research assistant and extract what serves the user's goal.
+
+User goal: {goal}
+
+Page (possibly truncated):
+<page>
+{page}
+</page>
+
+1. Find the parts of the page that bear on the goal.
+2. Copy the most relevant evidence word for word, with enough surrounding text to be understood on its own \
+(several paragraphs if needed).
+3. Write a short summary, in logical order, of what the evidence says about the goal; say plainly if the page \
+does not address it.
+
+Answer with one JSON object and nothing else: {{"rationale": "...", "evidence": "...", "summary": "..."}}"""
+
+
+def serper_locale(query: str) -> dict[str, str]:
+    """Serper locale: Chinese queries (any char in U+4E00..U+9FFF) search google.cn in zh-cn, others US English."""
+    if _CJK.search(query):
+        return {"location": "China", "gl": "cn", "hl": "zh-cn"}
+    return {"location": "United States", "gl": "us", "hl": "en"}
+
+
+def parse_jina_page(text: str) -> tuple[str, str]:
+    """Jina Reader replies ``Title: …\\nURL Source: …\\nMarkdown Content:\\n<page>``; returns (title, page)."""
+    head, marker, body = text.partition(_JINA_MARKER)
+    if not marker:
+        return "", text.strip()
+    title = ""
+    for line in head.splitlines():
+        if line.startswith("Title:"):
+            title = line[len("Title:"):].strip()
+    return title, body.strip()
+
+
+def extract_json_object(reply: str) -> dict | None:
+    """The reply as a JSON object: whole text, else inside code fences, else the outermost ``{…}`` span."""
+    candidates = [reply.strip()]
+    fenced = re.sub(r"^```(?:json)?\s*|\s*```$", "", reply.strip())
+    candidates.append(fenced)
+    start, end = reply.find("{"), reply.rfind("}")
+    if 0 <= start < end:
+        candidates.append(reply[start:end + 1])
+    for text in candidates:
+        try:
+            value = json.loads(text)
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            return value
+    return None
+
+
+def _as_text(value: Any) -> str | None:
+    if isinstance(value, str):
+        return value.strip()
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return "\n".join(v.strip() for v in value)
+    return None
+
+
+class WebBackend:
+    name = "web"
+    upstream_names = ["serper", "jina", "summarizer"]
+    cacheable = True
+
+    def __init__(self, config: ServerConfig, secrets: Secrets, stats: Stats) -> None:
+        self.config = config
+        self._secrets = secrets
+        self.serper_url = config.serper_base_url.rstrip("/") + "/search"
+        self.jina_base = config.jina_base_url.rstrip("/")
+        self.chat_url = secrets.api_base + "/chat/completions"
+        allowed = set()
+        if config.allow_private_upstreams:
+            allowed = {origin_of(urlsplit(u)) for u in (config.serper_base_url, config.jina_base_url,
+                                                         secrets.api_base)}
+        guard = TargetGuard(allowed, max_url_chars=config.max_url_chars + len(self.jina_base) + 1)
+        self.serper = Upstream("serper", config.serper, guard=guard, stats=stats, budget_flag="--budget-search")
+        self.jina = Upstream("jina", config.jina, guard=guard, stats=stats, budget_flag="--budget-visit",
+                             proxy=secrets.proxy)
+        self.summarizer = Upstream("summarizer", config.summarizer, guard=guard, stats=stats,
+                                   budget_flag="--budget-summary")
+
+    def namespace(self, tool: str) -> str:
+        if tool == "search":
+            return f"web:serper:{self.serper_url}"
+        return (f"web:visit:{self.jina_base}:{self._secrets.summary_model}:{self.config.max_page_chars}:"
+                f"{self.config.summary_temperature}")
+
+    async def search_one(self, query: str, topk: int, deadline: float) -> list[SearchHit]:
+        body = {"q": query, "num": topk, **serper_locale(query)}
+        response = await self.serper.request("POST", self.serper_url, deadline=deadline, json_body=body,
+                                             headers={"X-API-KEY": self._secrets.serper_key})
+        if response.status in _CREDENTIAL_STATUSES:
+            raise ToolError("infra", f"Serper refused our credentials (HTTP {response.status}); check SERPER_KEY_ID "
+                                     "and the account's credit", retryable=False)
+        if response.status >= 400:
+            raise ToolError("bad_request", f"Serper rejected the query (HTTP {response.status})")
+        data = response.json()
+        organic = data.get("organic") if isinstance(data, dict) else None
+        if not isinstance(data, dict) or not isinstance(organic, (list, type(None))):
+            raise ToolError("infra", "Serper reply has an unexpected shape (no 'organic' list)", retryable=True)
+        hits = []
+        for item in organic or []:
+            if not isinstance(item, dict) or not isinstance(item.get("link"), str):
+                continue
+            snippet = str(item.get("snippet", "")).replace("Your browser can't play this video.", "").strip()
+            hits.append(SearchHit(title=str(item.get("title", "")).strip(), url=item["link"], snippet=snippet,
+                                  date=_optional_str(item.get("date")), source=_optional_str(item.get("source"))))
+        if organic and not hits:
+            raise ToolError("infra", "Serper returned results without links (malformed reply)", retryable=True)
+        return hits[:topk]
+
+    async def visit_one(self, url: str, goal: str, deadline: float) -> PageResult:
+        check_url_syntax(url, max_chars=self.config.max_url_chars)
+        response = await self.jina.request(
+            "GET", f"{self.jina_base}/{url}", deadline=deadline, oversize="truncate",
+            headers={"Authorization": f"Bearer {self._secrets.jina_key}", "Accept": "text/plain",
+                     # without X-Timeout Reader may return a half-loaded page (jina-ai/reader#109)
+                     "X-Timeout": str(max(1, int(self.config.jina.attempt_timeout_s) - 1))})
+        if response.status in _CREDENTIAL_STATUSES:
+            raise ToolError("infra", f"Jina Reader refused our credentials (HTTP {response.status}); check "
+                                     "JINA_API_KEYS and the account's balance", retryable=False)
+        if response.status >= 400:
+            raise ToolError("no_results", f"the page {url[:200]} could not be read (HTTP {response.status})")
+        title, page = parse_jina_page(response.text())
+        if not page:
+            raise ToolError("no_results", f"the page {url[:200]} has no readable content")
+        truncated = response.truncated or len(page) > self.config.max_page_chars
+        page = page[: self.config.max_page_chars]
+        evidence, summary = await self._extract(page, goal, deadline)
+        return PageResult(url=url, title=title, evidence=evidence, summary=summary, truncated=truncated)
+
+    async def _extract(self, page: str, goal: str, deadline: float) -> tuple[str, str]:
+        problem = ""
+        for _ in range(self.config.summary_attempts):
+            body = {"model": self._secrets.summary_model, "temperature": self.config.summary_temperature,
+                    "messages": [{"role": "user", "content": EXTRACTOR_PROMPT.format(goal=goal, page=page)}]}
+            response = await self.summarizer.request("POST", self.chat_url, deadline=deadline, json_body=body,
+                                                     headers={"Authorization": f"Bearer {self._secrets.api_key}"})
+            if response.status in _CREDENTIAL_STATUSES:
+                raise ToolError("infra", f"the summariser refused our credentials (HTTP {response.status}); check "
+                                         "API_KEY and API_BASE", retryable=False)
+            if response.status == 400 or response.status == 413:
+                # most often the prompt exceeds the model's context: retry with less of the page
+                problem = f"HTTP {response.status}"
+                page = page[: int(len(page) * _SHRINK)]
+                continue
+            if response.status >= 400:
+                raise ToolError("infra", f"the summariser rejected the request (HTTP {response.status}); check "
+                                         "SUMMARY_MODEL_NAME", retryable=False)
+            data = response.json()
+            try:
+                reply = data["choices"][0]["message"]["content"]
+            except (KeyError, IndexError, TypeError):
+                raise ToolError("infra", "the summariser reply is not an OpenAI chat completion", retryable=True)
+            if not isinstance(reply, str) or len(reply.strip()) < 10:
+                problem = "an empty reply"
+                page = page[: int(len(page) * _SHRINK)]
+                continue
+            parsed = extract_json_object(reply)
+            evidence = _as_text(parsed.get("evidence")) if parsed else None
+            summary = _as_text(parsed.get("summary")) if parsed else None
+            if evidence is not None and summary is not None:
+                return evidence, summary
+            problem = "a reply without a JSON object holding string 'evidence' and 'summary'"
+        raise ToolError("infra", f"the summariser gave {problem} {self.config.summary_attempts} times; the page "
+                                 "could not be summarised", retryable=True)
+
+    async def aclose(self) -> None:
+        for upstream in (self.serper, self.jina, self.summarizer):
+            await upstream.aclose()
+
+
+def _optional_str(value: Any) -> str | None:
+    return str(value).strip() if value not in (None, "") else None

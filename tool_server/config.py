@@ -1,0 +1,195 @@
+"""Typed configuration of the tool server, validated once at start-up.
+
+Knobs come from command-line flags (``python -m tool_server --help``); only secrets and upstream endpoints come
+from the environment (or an ``--env-file``), and secrets never leave this process.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, Mapping
+from urllib.parse import urlsplit
+
+
+class ConfigError(ValueError):
+    """A configuration value broke a rule; the message names the value, the rule and the fix."""
+
+
+@dataclass(frozen=True)
+class UpstreamLimits:
+    """Cost and robustness limits of one paid upstream (Serper, Jina Reader, the summariser LLM).
+
+    concurrency: at most this many requests in flight to the upstream (asyncio semaphore).
+    rate_per_s, burst: token bucket; a 429 pauses the bucket for ``Retry-After`` seconds (or the back-off).
+    attempt_timeout_s: hard timeout of one HTTP attempt (connect + full body).
+    max_attempts: attempts per call; retries only on 429, 5xx, timeouts and connection errors.
+    backoff_base_s, backoff_max_s: retry n sleeps U(0, min(max, base * 2**n)) ("full jitter").
+    budget: upstream calls (attempts, since failed attempts may be billed too) allowed in this run; None = no cap.
+    max_response_bytes: body bytes read from the upstream; JSON APIs fail beyond it, pages are truncated.
+    """
+
+    concurrency: int = 16
+    rate_per_s: float = 100.0
+    burst: int = 32
+    attempt_timeout_s: float = 20.0
+    max_attempts: int = 4
+    backoff_base_s: float = 0.5
+    backoff_max_s: float = 8.0
+    budget: int | None = None
+    max_response_bytes: int = 2_000_000
+
+    def validate(self, name: str) -> None:
+        _require(self.concurrency >= 1, f"{name}.concurrency={self.concurrency}", ">= 1", "use 1 or more")
+        _require(self.rate_per_s > 0, f"{name}.rate_per_s={self.rate_per_s}", "> 0", "use a positive rate")
+        _require(self.burst >= 1, f"{name}.burst={self.burst}", ">= 1", "use 1 or more")
+        _require(self.attempt_timeout_s > 0, f"{name}.attempt_timeout_s={self.attempt_timeout_s}", "> 0",
+                 "use a positive timeout")
+        _require(self.max_attempts >= 1, f"{name}.max_attempts={self.max_attempts}", ">= 1", "use 1 or more")
+        _require(0 <= self.backoff_base_s <= self.backoff_max_s,
+                 f"{name}.backoff_base_s={self.backoff_base_s}, backoff_max_s={self.backoff_max_s}",
+                 "0 <= base <= max", "lower the base or raise the max")
+        _require(self.budget is None or self.budget >= 0, f"{name}.budget={self.budget}", ">= 0 or unset",
+                 "omit the flag for no cap")
+        _require(self.max_response_bytes >= 1024, f"{name}.max_response_bytes={self.max_response_bytes}",
+                 ">= 1024", "raise it")
+
+
+@dataclass(frozen=True)
+class Secrets:
+    """Credentials of the web backend. ``repr`` hides them so they cannot leak through logs or tracebacks."""
+
+    serper_key: str = field(repr=False)
+    jina_key: str = field(repr=False)
+    api_key: str = field(repr=False)
+    api_base: str
+    summary_model: str
+    proxy: str | None = field(default=None, repr=False)
+
+    # variable -> what needs it; the start-up error lists every missing one at once.
+    REQUIRED = {
+        "SERPER_KEY_ID": "search (Serper API key)",
+        "JINA_API_KEYS": "visit (Jina Reader API key)",
+        "API_KEY": "visit summariser (OpenAI-compatible API key)",
+        "API_BASE": "visit summariser (OpenAI-compatible base URL, including /v1)",
+        "SUMMARY_MODEL_NAME": "visit summariser (model name)",
+    }
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> "Secrets":
+        missing = [f"  {k}: needed by {what}" for k, what in cls.REQUIRED.items() if not env.get(k, "").strip()]
+        if missing:
+            raise ConfigError("--backend web needs these environment variables (set them in .env or pass "
+                              "--env-file), which are missing or empty:\n" + "\n".join(missing))
+        return cls(serper_key=env["SERPER_KEY_ID"].strip(), jina_key=env["JINA_API_KEYS"].strip(),
+                   api_key=env["API_KEY"].strip(), api_base=env["API_BASE"].strip().rstrip("/"),
+                   summary_model=env["SUMMARY_MODEL_NAME"].strip(), proxy=env.get("PROXY", "").strip() or None)
+
+    def values(self) -> list[str]:
+        """Every secret string, for redaction of logs and messages."""
+        return [v for v in (self.serper_key, self.jina_key, self.api_key, self.proxy) if v]
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Everything the server needs; built by ``__main__`` (or tests) and validated by ``validate()``.
+
+    backend: "local" (BM25 over ``corpus``; free, offline) or "web" (Serper + Jina Reader + summariser).
+    cache_path: SQLite file shared by every worker of a job (WAL mode); None = in-memory, lost at exit.
+    cache_ttl_s: cached answers older than this are refetched; None = never expire.
+    search_deadline_s / visit_deadline_s: hard wall-clock limit per query / per URL, retries included. Keep them
+        below the client's ``timeout_s`` (60 s by default) so the server, not the client, ends a slow call, with a
+        structured error. (The reference allowed 1000 s per Jina request and up to 24 requests per URL.)
+    page_token_budget, chars_per_token: a page is cut to budget * chars_per_token characters before the
+        summariser sees it (tiktoken would need a network download; 4 chars/token is the cl100k English average).
+    allow_private_upstreams: let the *configured* upstream base URLs (serper/jina/API_BASE) point at loopback or
+        private addresses (local fakes, an in-cluster LLM). Never applies to model-chosen visit URLs or redirects
+        to other hosts.
+    """
+
+    backend: Literal["local", "web"] = "local"
+    corpus: Path | None = None
+    host: str = "127.0.0.1"
+    port: int = 8765
+    cache_path: str | None = None
+    cache_ttl_s: float | None = None
+    default_topk: int = 5
+    max_topk: int = 50
+    max_queries: int = 32
+    max_urls: int = 8
+    max_query_chars: int = 1_000
+    max_goal_chars: int = 2_000
+    max_url_chars: int = 2_048
+    max_request_bytes: int = 1_000_000
+    max_text_chars: int = 200_000
+    search_deadline_s: float = 30.0
+    visit_deadline_s: float = 55.0
+    page_token_budget: int = 24_000
+    chars_per_token: int = 4
+    summary_temperature: float = 0.7
+    summary_attempts: int = 3
+    serper_base_url: str = "https://google.serper.dev"
+    jina_base_url: str = "https://r.jina.ai"
+    allow_private_upstreams: bool = False
+    serper: UpstreamLimits = field(default_factory=lambda: UpstreamLimits(attempt_timeout_s=10.0))
+    jina: UpstreamLimits = field(default_factory=lambda: UpstreamLimits(concurrency=8, attempt_timeout_s=25.0))
+    summarizer: UpstreamLimits = field(default_factory=lambda: UpstreamLimits(concurrency=8,
+                                                                              attempt_timeout_s=40.0))
+
+    def validate(self) -> None:
+        _require(self.backend in ("local", "web"), f"backend={self.backend!r}", "one of 'local', 'web'",
+                 "pass --backend local or --backend web")
+        if self.backend == "local":
+            _require(self.corpus is not None, "corpus=None", "set for --backend local",
+                     "pass --corpus data/wiki_passages_1000.jsonl")
+            _require(Path(self.corpus).is_file(), f"corpus={str(self.corpus)!r}", "an existing JSONL file",
+                     "check the path (relative paths are resolved from the current directory)")
+        _require(0 <= self.port <= 65535, f"port={self.port}", "0..65535", "use 0 to pick a free port")
+        _require(1 <= self.default_topk <= self.max_topk, f"default_topk={self.default_topk}",
+                 f"1..max_topk ({self.max_topk})", "lower it")
+        for name in ("max_queries", "max_urls", "max_query_chars", "max_goal_chars", "max_url_chars",
+                     "max_request_bytes", "max_text_chars", "page_token_budget", "chars_per_token",
+                     "summary_attempts"):
+            value = getattr(self, name)
+            _require(value >= 1, f"{name}={value}", ">= 1", "use a positive value")
+        for name in ("search_deadline_s", "visit_deadline_s"):
+            value = getattr(self, name)
+            _require(value > 0, f"{name}={value}", "> 0", "use a positive number of seconds")
+        _require(self.cache_ttl_s is None or self.cache_ttl_s > 0, f"cache_ttl_s={self.cache_ttl_s}",
+                 "> 0 or unset", "omit it to never expire")
+        for name in ("serper_base_url", "jina_base_url"):
+            url = getattr(self, name)
+            parts = urlsplit(url)
+            _require(parts.scheme in ("http", "https") and bool(parts.hostname), f"{name}={url!r}",
+                     "an absolute http(s) URL", "e.g. https://google.serper.dev")
+        self.serper.validate("serper")
+        self.jina.validate("jina")
+        self.summarizer.validate("summarizer")
+
+    @property
+    def max_page_chars(self) -> int:
+        return self.page_token_budget * self.chars_per_token
+
+
+def read_env_file(path: str | os.PathLike) -> dict[str, str]:
+    """Parse ``KEY=VALUE`` lines (``export`` prefix, quotes and ``#`` comments allowed) without touching os.environ."""
+    values: dict[str, str] = {}
+    for lineno, raw in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("export "):
+            line = line[len("export "):].lstrip()
+        key, sep, value = line.partition("=")
+        if not sep or not key.strip().isidentifier():
+            raise ConfigError(f"{path}:{lineno}: expected KEY=VALUE; fix or remove that line")
+        value = value.strip()
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
+            value = value[1:-1]
+        values[key.strip()] = value
+    return values
+
+
+def _require(ok: bool, value: str, rule: str, fix: str) -> None:
+    if not ok:
+        raise ConfigError(f"{value}: must be {rule}; {fix}")

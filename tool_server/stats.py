@@ -1,0 +1,86 @@
+"""Counters behind ``GET /stats`` (JSON) and ``GET /metrics`` (Prometheus text format 0.0.4)."""
+from __future__ import annotations
+
+from collections import Counter, defaultdict, deque
+
+import numpy as np
+
+from .errors import ERROR_KINDS
+
+_LATENCY_WINDOW = 8192  # percentiles over the most recent calls per tool; bounded memory for long runs
+
+
+class Stats:
+    def __init__(self, upstream_names: list[str]) -> None:
+        self.upstream_names = list(upstream_names)
+        self.calls: Counter[str] = Counter()            # tool -> items served (one query / one URL each)
+        self.latencies: dict[str, deque[float]] = defaultdict(lambda: deque(maxlen=_LATENCY_WINDOW))
+        self.latency_sum: Counter[str] = Counter()
+        self.cache_hits = 0
+        self.cache_misses = 0
+        self.dedup_joins = 0
+        self.errors: Counter[str] = Counter({k: 0 for k in ERROR_KINDS})
+        self.upstream_calls: Counter[str] = Counter({n: 0 for n in self.upstream_names})
+        self.upstream_failures: Counter[tuple[str, str]] = Counter()  # (upstream, reason) -> attempts
+        self.upstream_budget: dict[str, int | None] = {}
+
+    def record(self, tool: str, latency_s: float, error_kind: str | None) -> None:
+        self.calls[tool] += 1
+        self.latencies[tool].append(latency_s)
+        self.latency_sum[tool] += latency_s
+        if error_kind is not None:
+            self.errors[error_kind] += 1
+
+    def snapshot(self) -> dict:
+        lookups = self.cache_hits + self.cache_misses
+        latency = {}
+        for tool, window in self.latencies.items():
+            p50, p95 = np.percentile(np.fromiter(window, float), [50, 95]) if window else (None, None)
+            latency[tool] = {"count": self.calls[tool], "p50_s": _round(p50), "p95_s": _round(p95)}
+        return {
+            "calls": dict(self.calls),
+            "cache": {"hits": self.cache_hits, "misses": self.cache_misses,
+                      "hit_rate": self.cache_hits / lookups if lookups else None, "dedup_joins": self.dedup_joins},
+            "latency": latency,
+            "errors": dict(self.errors),
+            "upstream": {n: {"calls": self.upstream_calls[n], "budget": self.upstream_budget.get(n),
+                             "failures": {r: c for (u, r), c in self.upstream_failures.items() if u == n}}
+                         for n in self.upstream_names},
+        }
+
+    def prometheus(self) -> str:
+        lines = ["# HELP tool_server_calls_total Tool items served (one query or one URL each).",
+                 "# TYPE tool_server_calls_total counter"]
+        lines += [f'tool_server_calls_total{{tool="{t}"}} {n}' for t, n in sorted(self.calls.items())]
+        lines += ["# HELP tool_server_latency_seconds Tool item latency (sum and count over the run).",
+                  "# TYPE tool_server_latency_seconds summary"]
+        for tool in sorted(self.calls):
+            window = self.latencies[tool]
+            if window:
+                for q, v in zip((0.5, 0.95), np.percentile(np.fromiter(window, float), [50, 95])):
+                    lines.append(f'tool_server_latency_seconds{{tool="{tool}",quantile="{q}"}} {v:.6f}')
+            lines.append(f'tool_server_latency_seconds_sum{{tool="{tool}"}} {self.latency_sum[tool]:.6f}')
+            lines.append(f'tool_server_latency_seconds_count{{tool="{tool}"}} {self.calls[tool]}')
+        lines += ["# HELP tool_server_cache_lookups_total Cache lookups by outcome.",
+                  "# TYPE tool_server_cache_lookups_total counter",
+                  f'tool_server_cache_lookups_total{{outcome="hit"}} {self.cache_hits}',
+                  f'tool_server_cache_lookups_total{{outcome="miss"}} {self.cache_misses}',
+                  "# HELP tool_server_dedup_joins_total Requests that joined an identical in-flight request.",
+                  "# TYPE tool_server_dedup_joins_total counter",
+                  f"tool_server_dedup_joins_total {self.dedup_joins}",
+                  "# HELP tool_server_errors_total Tool items that ended in an error, by kind.",
+                  "# TYPE tool_server_errors_total counter"]
+        lines += [f'tool_server_errors_total{{kind="{k}"}} {n}' for k, n in sorted(self.errors.items())]
+        lines += ["# HELP tool_server_upstream_calls_total Upstream HTTP attempts (what a paid API may bill).",
+                  "# TYPE tool_server_upstream_calls_total counter"]
+        lines += [f'tool_server_upstream_calls_total{{upstream="{u}"}} {n}'
+                  for u, n in sorted(self.upstream_calls.items())]
+        lines += ["# HELP tool_server_upstream_failures_total Failed upstream attempts by reason.",
+                  "# TYPE tool_server_upstream_failures_total counter"]
+        lines += [f'tool_server_upstream_failures_total{{upstream="{u}",reason="{r}"}} {n}'
+                  for (u, r), n in sorted(self.upstream_failures.items())]
+        return "\n".join(lines) + "\n"
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(float(x), 6)
