@@ -44,7 +44,8 @@ TOOL_PID=""
 cleanup() {
     local status=$?
     trap - EXIT INT TERM
-    [ -n "$TOOL_PID" ] && kill "$TOOL_PID" 2>/dev/null && wait "$TOOL_PID" 2>/dev/null
+    set +e
+    if [ -n "$TOOL_PID" ]; then kill "$TOOL_PID" 2>/dev/null; wait "$TOOL_PID" 2>/dev/null; fi
     exit "$status"
 }
 trap cleanup EXIT
