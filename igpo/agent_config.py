@@ -130,6 +130,14 @@ class RolloutScoringConfig:
         if self.score_on not in SCORE_ON:
             raise ValueError(f"algorithm.igpo.score_on={self.score_on!r} is unknown; use one of {SCORE_ON}.")
 
+    def answer_template(self, eot_text: str):
+        """The pseudo answer template: configured prefix/suffix (else the defaults), the suffix closed by ``eot_text``."""
+        from igpo.core.ground_truth import AnswerTemplate
+
+        prefix = self.answer_template_prefix if self.answer_template_prefix is not None else AnswerTemplate.prefix
+        suffix = self.answer_template_suffix if self.answer_template_suffix is not None else AnswerTemplate.suffix
+        return AnswerTemplate(prefix=prefix, suffix=suffix + eot_text)
+
     @classmethod
     def from_dict(cls, igpo_section: Mapping[str, Any] | None) -> "RolloutScoringConfig":
         """Pick the scoring knobs out of the whole ``algorithm.igpo`` section (other keys belong to others)."""

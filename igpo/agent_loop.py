@@ -42,7 +42,7 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutp
 
 from igpo import protocol
 from igpo.agent_config import AgentLoopConfig, RolloutScoringConfig
-from igpo.core.ground_truth import AnswerTemplate, Probe, build_probe, parse_ground_truth, scoring_aliases
+from igpo.core.ground_truth import Probe, answer_probes
 from igpo.core.info_gain import InfoGainConfig, scored_boundaries
 from igpo.core.turn_format import check_answer_turn, check_tool_turn
 
@@ -539,19 +539,10 @@ class IGPOAgentLoop(AgentLoopBase):
     # ------------------------------------------------------------------ rollout-side answer scoring
 
     def _probes(self, kwargs: dict[str, Any]) -> list[Probe]:
-        scoring, info_gain = self.settings.scoring, self.settings.info_gain
-        template = AnswerTemplate(
-            prefix=(
-                scoring.answer_template_prefix if scoring.answer_template_prefix is not None else AnswerTemplate.prefix
-            ),
-            suffix=(
-                scoring.answer_template_suffix if scoring.answer_template_suffix is not None else AnswerTemplate.suffix
-            ) + self.frame.eot_text,
-        )
+        template = self.settings.scoring.answer_template(self.frame.eot_text)
         try:
             ground_truth = (kwargs.get("reward_model") or {})["ground_truth"]
-            aliases = scoring_aliases(parse_ground_truth(ground_truth), info_gain.answer_alias)
-            return [build_probe(self.tokenizer, alias, template) for alias in aliases]
+            return answer_probes(self.tokenizer, ground_truth, template, self.settings.info_gain.answer_alias)
         except (KeyError, TypeError, ValueError) as err:
             raise SampleError(f"cannot build the answer probe from reward_model.ground_truth: {err}") from err
 

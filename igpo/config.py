@@ -10,7 +10,7 @@ so a typo such as ``algorithm.igpo.norm_mod=joint`` fails at start-up instead of
 | advantage | ``igpo.core.advantage.AdvantageConfig`` | norm_mode, ig_weight, adaptive_gamma_min_weight, norm_order, norm_group, epsilon, scale_floor, scale_cap (+ algorithm.gamma, algorithm.norm_adv_by_std_in_grpo) |
 | curriculum | ``igpo.core.advantage.CurriculumConfig`` | use_curriculum, curriculum_{f1,ig}_{init,final} |
 | warm-up gate | ``IGPOConfig`` | ig_warmup_threshold, ig_warmup_ema_alpha |
-| scoring | ``IGPOConfig`` + ``igpo.agent_config.RolloutScoringConfig`` | score_on, answer_template_prefix, answer_template_suffix |
+| scoring | ``IGPOConfig`` + ``igpo.agent_config.RolloutScoringConfig`` | score_on, verify_scoring, answer_template_prefix, answer_template_suffix |
 | agent loop | ``igpo.agent_config.AgentLoopConfig`` | the ``agent`` sub-section |
 """
 
@@ -32,8 +32,8 @@ _CURRICULUM_KEYS = {
     "curriculum_ig_init": "ig_init",
     "curriculum_ig_final": "ig_final",
 }
-_OWN_KEYS = ("score_on", "answer_template_prefix", "answer_template_suffix", "ig_warmup_threshold",
-             "ig_warmup_ema_alpha", "agent")
+_OWN_KEYS = ("score_on", "verify_scoring", "answer_template_prefix", "answer_template_suffix",
+             "ig_warmup_threshold", "ig_warmup_ema_alpha", "agent")
 
 
 def _plain(section: Any) -> dict[str, Any]:
@@ -76,6 +76,9 @@ class IGPOConfig:
     scoring: RolloutScoringConfig
     agent: AgentLoopConfig
     score_on: str = "rollout"
+    # With score_on=rollout, also score on the actor and log igpo/scoring_rollout_vs_actor_max_abs_diff: checks that
+    # the rollout engine's numerics (e.g. bf16 vLLM) agree with the trainer's; costs one extra scoring pass.
+    verify_scoring: bool = False
     ig_warmup_threshold: float = 0.0
     ig_warmup_ema_alpha: float = 0.1
 
@@ -103,7 +106,8 @@ class IGPOConfig:
         advantage = AdvantageConfig(**_coerce(AdvantageConfig, adv_values))
         curriculum = CurriculumConfig(**_coerce(CurriculumConfig, {
             field: section[key] for key, field in _CURRICULUM_KEYS.items() if key in section}))
-        own = {k: section[k] for k in ("score_on", "ig_warmup_threshold", "ig_warmup_ema_alpha") if k in section}
+        own = {k: section[k] for k in ("score_on", "verify_scoring", "ig_warmup_threshold", "ig_warmup_ema_alpha")
+               if k in section}
         for key in ("ig_warmup_threshold", "ig_warmup_ema_alpha"):
             if key in own:
                 own[key] = float(own[key])

@@ -21,6 +21,7 @@ import os
 import time
 
 import numpy as np
+import ray
 import torch
 from tensordict import TensorDict
 
@@ -29,7 +30,10 @@ from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.workers.utils.padding import response_to_nested
 
+from igpo.actor_worker import IGPOActorRolloutRefWorker
 from igpo.config import IGPOConfig
+from igpo.core.ground_truth import answer_probes
+from igpo.core.scoring import ScoringConfig, validate_request
 from igpo.core.advantage import WarmupGate, compute_igpo_advantage, curriculum_weights
 from igpo.core.info_gain import place_on_tokens, reduce_alias_logprobs, scored_boundaries, turn_format_penalty, \
     turn_information_gain
@@ -86,11 +90,78 @@ class IGPOTrainerSync(PPOTrainerSync):
         if config.algorithm.get("use_kl_in_reward", False):
             raise ValueError("algorithm.use_kl_in_reward=true puts a reward on every token, which breaks IGPO's "
                              "turn rewards; use actor_rollout_ref.actor.use_kl_loss=true instead.")
-        if self.igpo.score_on == "actor":
-            raise NotImplementedError(
-                "algorithm.igpo.score_on=actor (the packed scoring pass on the FSDP actor) is not wired into the "
-                "trainer yet; use algorithm.igpo.score_on=rollout.")
         self.warmup = WarmupGate(self.igpo.ig_warmup_threshold, self.igpo.ig_warmup_ema_alpha)
+
+    def _init_resource_pool_mgr(self):
+        """verl's worker layout, with the actor role served by our subclass (it adds the answer-scoring method)."""
+        super()._init_resource_pool_mgr()
+        for role, worker_cls in list(self.role_worker_mapping.items()):
+            if role.name.startswith("Actor"):
+                self.role_worker_mapping[role] = ray.remote(IGPOActorRolloutRefWorker)
+
+    # ---- actor-side answer scoring ------------------------------------------------------------------------------
+
+    def _score_on_actor(self, batch, extras, scored, num_turns, metrics) -> torch.Tensor:
+        """Answer log-probs per boundary [B, T, A] computed by the actor workers with the packed scorer."""
+        from igpo.agent_loop import ChatFrame
+
+        started = time.perf_counter()
+        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
+                               select_fields=["prompts", "responses", "reward_model"])
+        prompts, responses = data["prompts"].unbind(), data["responses"].unbind()
+        reward_models = data.pop("reward_model").tolist()
+        frame = ChatFrame.build(self.tokenizer, dict(self.config.data.get("apply_chat_template_kwargs", {}) or {}))
+        template = self.igpo.scoring.answer_template(frame.eot_text)
+        B, T = scored.shape
+        requests, owners, skipped = [], [], 0
+        max_positions = self._max_positions()
+        for i, extra in enumerate(extras):
+            n = int(num_turns[i])
+            boundaries = list(extra.get("igpo_boundaries") or [])[:n]
+            chosen = [s for s in range(min(n, len(boundaries))) if scored[i, s]]
+            if not chosen:
+                continue
+            trajectory = torch.cat([prompts[i], responses[i]]).tolist()
+            try:
+                probes = answer_probes(self.tokenizer, (reward_models[i] or {}).get("ground_truth"), template,
+                                       self.igpo.info_gain.answer_alias)
+                validate_request(len(trajectory), [boundaries[s] for s in chosen], probes, max_positions)
+            except (TypeError, ValueError) as error:
+                skipped += 1
+                logger.warning("igpo: sample %d is not scored (%s); it gets no information gain", i, error)
+                continue
+            requests.append({"trajectory_ids": trajectory, "boundaries": [boundaries[s] for s in chosen],
+                             "probes": [{"token_ids": p.token_ids, "span": list(p.span)} for p in probes]})
+            owners.append((i, chosen, len(probes)))
+        aliases = max([n_probes for _, _, n_probes in owners], default=1)
+        out = torch.full((B, T, aliases), float("nan"), dtype=torch.float64)
+        alias_ok = torch.zeros(B, aliases, dtype=torch.bool)
+        scoring = {"strategy": "packed", "temperature": float(self.config.actor_rollout_ref.rollout.temperature)}
+        results: dict[int, list] = {}
+        for part in self.actor_rollout_wg.igpo_score_answers(requests, scoring):
+            results.update(part)
+        for r, (i, chosen, n_probes) in enumerate(owners):
+            values = torch.tensor(results[r], dtype=torch.float64)  # [K, P]
+            out[i, chosen, :n_probes] = values
+            alias_ok[i, :n_probes] = True
+        tokens = sum(len(r["trajectory_ids"]) + len(r["boundaries"]) * sum(len(p["token_ids"]) for p in r["probes"])
+                     for r in requests)
+        metrics["igpo/scoring_tokens"] = float(tokens)
+        metrics["igpo/scoring_skipped"] = float(skipped)
+        metrics["timing_s/igpo_scoring"] = time.perf_counter() - started
+        return reduce_alias_logprobs(out, alias_ok, self.igpo.info_gain.answer_alias)
+
+    def _max_positions(self) -> int | None:
+        """The policy's context window, to refuse probes that do not fit before they reach the workers."""
+        if not hasattr(self, "_context_window"):
+            try:
+                from transformers import AutoConfig
+
+                hf_config = AutoConfig.from_pretrained(self.config.actor_rollout_ref.model.path)
+                self._context_window = getattr(hf_config, "max_position_embeddings", None)
+            except (OSError, ValueError):
+                self._context_window = None  # a remote path: the workers check it when they score
+        return self._context_window
 
     # ---- advantage ----------------------------------------------------------------------------------------------
 
@@ -121,6 +192,13 @@ class IGPOTrainerSync(PPOTrainerSync):
         scored = torch.zeros(B, T, dtype=torch.bool)
         for i, row in enumerate(scored_boundaries(tool_names, self.igpo.info_gain)):
             scored[i, :len(row)] = torch.tensor(row, dtype=torch.bool)
+        if self.igpo.score_on == "actor":
+            boundary_lp = self._score_on_actor(batch, extras, scored, num_turns, metrics)
+        elif self.igpo.verify_scoring:
+            actor_lp = self._score_on_actor(batch, extras, scored, num_turns, metrics)
+            both = torch.isfinite(actor_lp) & torch.isfinite(boundary_lp)
+            diff = (actor_lp - boundary_lp).abs()[both]
+            metrics["igpo/scoring_rollout_vs_actor_max_abs_diff"] = float(diff.max()) if diff.numel() else float("nan")
 
         gate_open = self.warmup.update(float(outcome[has_tokens].mean()) if bool(has_tokens.any()) else 0.0)
         ig, ig_turn_mask, ig_stats = turn_information_gain(boundary_lp.float(), scored, num_turns, self.igpo.info_gain)

@@ -40,13 +40,17 @@ def test_train_igpo_sh_runs_two_steps_with_information_gain(tmp_path):
     before = _ray_processes()
     env = {**os.environ, "OUTPUT_DIR": str(tmp_path / "run"), "IGPO_DEVICE": "cpu"}
     env.pop("TOOL_SERVER_URL", None)
-    rc, out = _run(["bash", "train_igpo.sh", "trainer.total_training_steps=2"], env, timeout=540)
+    # verify_scoring: the rollout-side answer scores are re-computed by the actor's packed scorer and compared.
+    rc, out = _run(["bash", "train_igpo.sh", "trainer.total_training_steps=2", "algorithm.igpo.verify_scoring=true"],
+                   env, timeout=540)
     log = (tmp_path / "run" / "train.log").read_text()
     assert rc == 0, out[-4000:]
     assert "igpo: step:1" in out and "igpo: step:2" in out, out[-3000:]
     ratios = [float(v) for v in re.findall(r"igpo/ig_active_ratio:([0-9.eE+-]+)", log)]
     assert ratios and max(ratios) > 0, "no trajectory carried information gain"
     assert re.search(r"igpo/raw_ig_mean:", log)
+    agreement = [float(v) for v in re.findall(r"igpo/scoring_rollout_vs_actor_max_abs_diff:([0-9.eE+-]+|nan)", log)]
+    assert len(agreement) == 2 and max(agreement) <= 1e-4, agreement
     # Weights really reach the rollout server: rollout and actor log-probs of sampled tokens agree.
     diffs = [float(v) for v in re.findall(r"training/rollout_probs_diff_max:([0-9.eE+-]+)", log)]
     assert diffs and max(diffs) < 1e-3, diffs

@@ -137,3 +137,9 @@ def build_probe(tokenizer: Any, answer: str, template: AnswerTemplate) -> Probe:
             "check that the tokenizer returns character offsets."
         )
     return Probe(token_ids=token_ids, span=(covering[0], covering[-1] + 1))
+
+
+def answer_probes(tokenizer, ground_truth, template: AnswerTemplate, alias_mode: str) -> list[Probe]:
+    """The probes to score for one sample: one per alias that ``alias_mode`` keeps (``first`` keeps one)."""
+    return [build_probe(tokenizer, alias, template) for alias in scoring_aliases(parse_ground_truth(ground_truth),
+                                                                                 alias_mode)]

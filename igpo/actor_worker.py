@@ -1,0 +1,75 @@
+"""Actor-side answer scoring (``algorithm.igpo.score_on=actor``): a worker method on verl's FSDP actor workers.
+
+``IGPOActorRolloutRefWorker`` is verl's ``ActorRolloutRefWorker`` plus one method, ``igpo_score_answers``, that runs
+the packed teacher-forced scorer (``igpo.core.scoring``) with the current training weights (θ_old: scoring happens
+before the policy update). The trainer mode swaps this class in for the actor role.
+
+Sharding: every rank receives all requests and scores ``requests[rank::world]``. FSDP2 gathers each layer's
+parameters collectively, once per request, so ranks stay in lockstep only if they score the same number of requests:
+shorter shares are padded with a one-token dummy request whose result is dropped.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from verl.single_controller.base.decorator import Dispatch, register
+from verl.utils.device import get_device_name
+from verl.workers.engine_workers import ActorRolloutRefWorker
+
+from igpo.core.ground_truth import Probe
+from igpo.core.scoring import ScoreRequest, ScoringConfig, score_batch
+
+
+def shard_requests(requests: list[dict], rank: int, world: int) -> tuple[list[int], int]:
+    """Indices of the requests this rank scores, and how many dummy requests it adds so all ranks do equal work."""
+    mine = list(range(rank, len(requests), world))
+    per_rank = -(-len(requests) // world) if requests else 0
+    return mine, per_rank - len(mine)
+
+
+def _to_request(spec: dict) -> ScoreRequest:
+    return ScoreRequest(
+        trajectory_ids=torch.as_tensor(spec["trajectory_ids"], dtype=torch.long),
+        boundaries=list(spec["boundaries"]),
+        probes=[Probe(token_ids=list(p["token_ids"]), span=tuple(p["span"])) for p in spec["probes"]],
+    )
+
+
+def _dummy_like(spec: dict) -> dict:
+    """A minimal request of the same model: its first probe after a one-token context."""
+    probe = spec["probes"][0]
+    return {"trajectory_ids": [int(spec["trajectory_ids"][0])], "boundaries": [1], "probes": [probe]}
+
+
+class IGPOActorRolloutRefWorker(ActorRolloutRefWorker):
+    """verl's hybrid actor/rollout/ref worker with IGPO's answer-scoring pass."""
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def igpo_score_answers(self, requests: list[dict], scoring: dict) -> dict[int, list[list[float]]]:
+        """Score this rank's share; returns {request index: [K][P] mean answer log-probs}.
+
+        Each request: ``trajectory_ids`` (prompt + response ids, unpadded), ``boundaries`` (context lengths to score
+        after), ``probes`` ([{token_ids, span}]); every request has at least one boundary and one probe.
+        """
+        if not requests:
+            return {}
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        mine, padding = shard_requests(requests, rank, world)
+        batch = [_to_request(requests[i]) for i in mine] + [_to_request(_dummy_like(requests[0]))] * padding
+        engine = self.actor.engine
+        offloaded = bool(getattr(engine, "is_param_offload_enabled", False))
+        if offloaded:
+            engine.to(get_device_name(), model=True, optimizer=False, grad=False)
+        try:
+            module = engine.module
+            was_training = module.training
+            module.eval()
+            with torch.no_grad():
+                scores = score_batch(module, batch, ScoringConfig(**scoring))
+            module.train(was_training)
+        finally:
+            if offloaded:
+                engine.to("cpu", model=True, optimizer=False, grad=False)
+        return {index: scores[slot].tolist() for slot, index in enumerate(mine)}
