@@ -1,0 +1,281 @@
+"""Evaluate a search agent on a QA test parquet: the igpo_agent loop + tool server, scored like the training reward.
+
+Writes into --out: results.md / results.csv (per data_source: n, EM, F1, judge, mean turns, mean tool calls, infra
+errors), traces.jsonl (one line per row), accuracy_by_source.png, turns_hist.png and settings.json (model, tools,
+judge, agent and sampling settings, data file + sha256, git commit). Rerunning with the same --out resumes: rows
+already in traces.jsonl are not redone. The logic lives in igpo/evaluation.py.
+
+Examples::
+
+    # a local Hugging Face checkpoint and a local BM25 corpus (the script starts the tool server)
+    python scripts/evaluate.py --data data/qa_test_7src.parquet --limit-per-source 4 \\
+        --model-path .cache/tiny_model/<id> --corpus data/wiki_passages_1000.jsonl --out outputs/eval_tiny
+    # a vLLM server (token ids in and out) and a running tool server, judged by an LLM (JUDGE_* in the environment)
+    python scripts/evaluate.py --data data/qa_test_7src.parquet --endpoint http://127.0.0.1:8000/v1 \\
+        --model qwen --tokenizer /models/qwen --tool-server http://127.0.0.1:8001 --judge --out outputs/eval_qwen
+
+Exit status: 0 when every selected row is scored; 1 when some rows failed (rerun to redo them); 2 for bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from igpo.evaluation import (  # noqa: E402
+    EvalConfig, EvalInputError, LocalToolServer, OpenAICompletionsServer, TopKTools, TraceStore, check_resume,
+    config_record, evaluate, file_sha256, git_commit, hf_server, load_rows, summarize, write_plots, write_settings,
+    write_tables,
+)
+
+MAX_PRINTED_PROBLEMS = 50
+OUTPUT_FILES = ("traces.jsonl", "results.md", "results.csv", "accuracy_by_source.png", "turns_hist.png",
+                "settings.json")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    d = EvalConfig()
+    p = argparse.ArgumentParser(prog="scripts/evaluate.py", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", type=Path, required=True, help="test parquet in the verl RL schema")
+    p.add_argument("--out", type=Path, required=True, help="output directory (created; reused to resume)")
+    p.add_argument("--limit-per-source", type=int, default=None, help="first N valid rows of each data_source")
+    p.add_argument("--sources", default=None, help="comma-separated data_sources to evaluate (default: all)")
+    p.add_argument("--allowed-sources", default=None,
+                   help="comma-separated data_sources the file may contain; any other is reported as a bad row")
+    p.add_argument("--skip-bad", action="store_true", help="evaluate the valid rows when some rows are bad")
+    p.add_argument("--overwrite", action="store_true", help="delete this script's outputs in --out and start over")
+
+    model = p.add_mutually_exclusive_group(required=True)
+    model.add_argument("--model-path", help="local Hugging Face checkpoint, generated with transformers")
+    model.add_argument("--endpoint", help="OpenAI-compatible base URL serving token ids (vLLM), e.g. .../v1")
+    p.add_argument("--model", help="model name on --endpoint")
+    p.add_argument("--tokenizer", help="local tokenizer directory (default: --model-path; required with --endpoint)")
+    p.add_argument("--api-key-env", default="EVAL_API_KEY",
+                   help="environment variable holding the endpoint's API key (never logged or recorded)")
+
+    tools = p.add_mutually_exclusive_group(required=True)
+    tools.add_argument("--tool-server", help="URL of a running tool_server")
+    tools.add_argument("--corpus", type=Path, help="JSONL corpus: start a local BM25 tool server for this run")
+    p.add_argument("--topk", type=int, default=d.top_k, help="search results per query")
+    p.add_argument("--tool-timeout-s", type=float, default=d.tool_timeout_s)
+
+    p.add_argument("--max-turns", type=int, default=d.max_turns)
+    p.add_argument("--max-tokens-per-turn", type=int, default=d.max_tokens_per_turn)
+    p.add_argument("--max-observation-tokens", type=int, default=d.max_observation_tokens)
+    p.add_argument("--prompt-length", type=int, default=d.prompt_length)
+    p.add_argument("--response-length", type=int, default=d.response_length)
+    p.add_argument("--temperature", type=float, default=d.temperature, help="0 = greedy")
+    p.add_argument("--top-p", type=float, default=d.top_p)
+    p.add_argument("--chat-template-kwargs", default="{}", help='JSON, e.g. \'{"enable_thinking": false}\'')
+    p.add_argument("--concurrency", type=int, default=d.concurrency, help="trajectories in flight at once")
+    p.add_argument("--progress-every", type=int, default=d.progress_every, help="progress line every N rows")
+
+    p.add_argument("--judge", action="store_true",
+                   help="also score with the LLM judge (JUDGE_MODEL_NAME, JUDGE_API_BASE/API_BASE, JUDGE_API_KEY/"
+                        "API_KEY from the environment)")
+    p.add_argument("--judge-cache", type=Path, default=None,
+                   help="SQLite verdict cache (default: <out>/judge_cache.sqlite)")
+    return p.parse_args(argv)
+
+
+def _csv(value: str | None) -> list[str] | None:
+    return None if value is None else [s.strip() for s in value.split(",") if s.strip()]
+
+
+def build_config(args: argparse.Namespace) -> EvalConfig:
+    try:
+        template_kwargs = json.loads(args.chat_template_kwargs)
+    except ValueError as err:
+        raise EvalInputError(f"--chat-template-kwargs={args.chat_template_kwargs!r} is not JSON ({err}).") from None
+    if not isinstance(template_kwargs, dict):
+        raise EvalInputError(f"--chat-template-kwargs must be a JSON object, got {args.chat_template_kwargs!r}.")
+    if args.endpoint and not args.model:
+        raise EvalInputError("--endpoint needs --model (the model name the server serves).")
+    if args.endpoint and not args.tokenizer:
+        raise EvalInputError("--endpoint needs --tokenizer (a local directory with the served model's tokenizer).")
+    return EvalConfig(
+        max_turns=args.max_turns, max_tokens_per_turn=args.max_tokens_per_turn,
+        max_observation_tokens=args.max_observation_tokens, prompt_length=args.prompt_length,
+        response_length=args.response_length, temperature=args.temperature, top_p=args.top_p, top_k=args.topk,
+        concurrency=args.concurrency, tool_timeout_s=args.tool_timeout_s, judge=args.judge,
+        progress_every=args.progress_every, chat_template_kwargs=template_kwargs,
+    )
+
+
+def load_tokenizer(path: str):
+    from transformers import AutoTokenizer
+
+    if not Path(path).is_dir():
+        raise EvalInputError(f"tokenizer directory {path!r} does not exist; pass a local checkpoint directory "
+                             "(--model-path or --tokenizer). Nothing is downloaded.")
+    return AutoTokenizer.from_pretrained(path)
+
+
+def judge_settings_for(args: argparse.Namespace) -> tuple[dict | None, dict | None]:
+    """(judge overrides for the reward function, judge description for settings.json); fails early if misconfigured."""
+    if not args.judge:
+        return None, None
+    from igpo.reward import OutcomeRewardConfig, get_judge
+
+    overrides = {"cache_path": str(args.judge_cache or args.out / "judge_cache.sqlite")}
+    try:
+        judge = get_judge(OutcomeRewardConfig(train_reward_type="llm", judge=overrides))
+    except ValueError as err:
+        raise EvalInputError(f"--judge: {err}") from None
+    return overrides, judge.config.describe()
+
+
+async def _health(url: str) -> dict:
+    from tool_server.client import ToolClient
+
+    async with ToolClient(url, timeout_s=10) as client:
+        return await client.get_json("/health")
+
+
+async def _stats(client) -> dict | None:
+    try:
+        return await client.get_json("/stats")
+    except Exception:  # noqa: BLE001 - monitoring only; the numbers do not depend on it
+        return None
+
+
+async def run(args, config, rows, tokenizer, tool_url, store, judge_overrides) -> tuple:
+    from tool_server.client import ToolClient
+
+    client = ToolClient(tool_url, timeout_s=config.tool_timeout_s)
+    if args.model_path:
+        server = hf_server(args.model_path, config)
+    else:
+        from igpo.agent_loop import ChatFrame
+
+        frame = ChatFrame.build(tokenizer, dict(config.chat_template_kwargs))
+        server = OpenAICompletionsServer(args.endpoint, args.model, api_key=os.environ.get(args.api_key_env),
+                                         stop_token_ids=[frame.eot_id])
+    try:
+        report = await evaluate(rows, tokenizer=tokenizer, server=server, tools=TopKTools(client, config.top_k),
+                                config=config, store=store, judge_settings=judge_overrides)
+        tool_stats = await _stats(client)
+    finally:
+        await client.aclose()
+        worker = getattr(server, "_worker", None)  # the HF server's batching task
+        if worker is not None:
+            worker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await worker
+        if isinstance(server, OpenAICompletionsServer):
+            await server.aclose()
+    return report, tool_stats
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    args = parse_args(argv)
+    started = time.perf_counter()
+    try:
+        config = build_config(args)
+        rows, problems = load_rows(args.data, limit_per_source=args.limit_per_source, sources=_csv(args.sources),
+                                   allowed_sources=_csv(args.allowed_sources))
+        if problems:
+            print(f"{len(problems)} problem(s) in {args.data}:", file=sys.stderr)
+            for problem in problems[:MAX_PRINTED_PROBLEMS]:
+                print(f"  {problem}", file=sys.stderr)
+            if len(problems) > MAX_PRINTED_PROBLEMS:
+                print(f"  ... and {len(problems) - MAX_PRINTED_PROBLEMS} more", file=sys.stderr)
+            if not args.skip_bad:
+                raise EvalInputError("bad rows in the test set; fix them (scripts/prepare_data.py --check shows the "
+                                     "same schema) or pass --skip-bad to evaluate the valid rows only.")
+        if not rows:
+            raise EvalInputError(f"no row of {args.data} is selected; check --sources and --limit-per-source.")
+        tokenizer = load_tokenizer(args.model_path or args.tokenizer)
+        if args.model_path and not (Path(args.model_path) / "config.json").is_file():
+            raise EvalInputError(f"--model-path {args.model_path!r} has no config.json; it must be a Hugging Face "
+                                 "checkpoint directory.")
+        args.out.mkdir(parents=True, exist_ok=True)  # the judge's verdict cache lives there
+        judge_overrides, judge_description = judge_settings_for(args)
+        agent, sampling = config_record(config)
+        if args.model_path:
+            model = {"kind": "hf", "path": str(args.model_path)}
+        else:
+            model = {"kind": "endpoint", "url": args.endpoint, "model": args.model, "tokenizer": str(args.tokenizer)}
+        if args.corpus:
+            tools = {"backend": "local", "corpus": str(args.corpus), "top_k": config.top_k,
+                     "corpus_sha256": file_sha256(args.corpus) if args.corpus.is_file() else None}
+        else:
+            tools = {"backend": None, "url": args.tool_server, "top_k": config.top_k}
+        settings = {
+            "model": model, "tools": tools, "judge": judge_description, "agent": agent, "sampling": sampling,
+            "data_sha256": file_sha256(args.data),
+            "data": {"path": str(args.data), "rows": len(rows), "bad_rows_skipped": len(problems),
+                     "limit_per_source": args.limit_per_source, "sources": _csv(args.sources)},
+            "concurrency": config.concurrency, "git_commit": git_commit(),
+            "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        }
+        if args.overwrite:
+            for name in OUTPUT_FILES:
+                (args.out / name).unlink(missing_ok=True)
+        with contextlib.ExitStack() as stack:
+            if args.corpus:
+                local = stack.enter_context(LocalToolServer(args.corpus, config.top_k, args.out / "tool_server.log"))
+                tool_url = local.url
+            else:
+                tool_url = args.tool_server
+                try:
+                    settings["tools"]["backend"] = asyncio.run(_health(tool_url)).get("backend")
+                except Exception as err:  # noqa: BLE001 - any failure here means the URL is not a usable server
+                    raise EvalInputError(f"--tool-server {tool_url!r} is not reachable ({type(err).__name__}: "
+                                         f"{err}); start it with python -m tool_server ... first.") from None
+            check_resume(args.out, settings)
+            store = TraceStore(args.out / "traces.jsonl")
+            write_settings(args.out, {**settings, "status": "running"})
+            try:
+                report, tool_stats = asyncio.run(run(args, config, rows, tokenizer, tool_url, store, judge_overrides))
+            finally:
+                store.close()
+    except EvalInputError as err:
+        print(f"evaluate: error: {err}", file=sys.stderr)
+        return 2
+
+    records = [store.records[row.key] for row in rows if row.key in store]
+    table = summarize(records, config.judge, report.failed)
+    md_path, _ = write_tables(table, settings, args.out)
+    write_plots(records, table, args.out)
+    from igpo.reward import judge_metrics
+
+    settings.update({
+        "status": "complete" if not report.failed else "incomplete",
+        "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "wall_s": round(time.perf_counter() - started, 1),
+        "run": {"rows": report.total, "resumed": report.resumed, "finished": report.finished,
+                "failed": len(report.failed), "rejudged": report.rejudged, "rollout_s": round(report.seconds, 1)},
+        "failed_rows": [{"data_source": s, "index": i, "error": e} for (s, i), e in sorted(report.failed.items())],
+        "judge_metrics": judge_metrics() if config.judge else None, "tool_server_stats": tool_stats,
+    })
+    write_settings(args.out, settings)
+    print(md_path.read_text(encoding="utf-8"))
+    if report.failed:
+        distinct = sorted(set(report.failed.values()))
+        print(f"evaluate: {len(report.failed)} row(s) failed and are not scored ({len(distinct)} distinct errors, "
+              f"first: {distinct[0]}); rerun the same command to redo them.", file=sys.stderr)
+    average = table[-1]
+    judge_part = f" judge={average['judge']:.3f}" if config.judge and average.get("judge") is not None else ""
+    print(f"evaluate: {len(records)}/{len(rows)} rows scored, AVG EM={average['em']:.3f} F1={average['f1']:.3f}"
+          f"{judge_part} in {time.perf_counter() - started:.1f}s -> {args.out}"
+          if records else f"evaluate: no row scored -> {args.out}")
+    return 1 if report.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,291 @@
+"""scripts/evaluate.py and igpo/evaluation.py: real tool server, real HTTP fakes of the policy endpoint and the judge on
+127.0.0.1, the tiny model for the local Hugging Face path."""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from igpo.evaluation import (
+    EndpointError, LocalToolServer, OpenAICompletionsServer, TraceStore, file_sha256, load_rows, parse_completion,
+)
+from fake_openai import FakeOpenAI, Reply
+
+REPO = Path(__file__).resolve().parent.parent
+TEST_SET = REPO / "data" / "qa_test_7src.parquet"
+CORPUS = REPO / "data" / "wiki_passages_1000.jsonl"
+
+_spec = importlib.util.spec_from_file_location("evaluate_script", REPO / "scripts" / "evaluate.py")
+evaluate_script = importlib.util.module_from_spec(_spec)
+sys.modules["evaluate_script"] = evaluate_script
+_spec.loader.exec_module(evaluate_script)
+
+SOURCES = "2wiki,Bamboogle"
+SMALL = ["--max-turns", "3", "--max-tokens-per-turn", "256", "--max-observation-tokens", "128",
+         "--response-length", "2048", "--progress-every", "1"]
+
+
+@pytest.fixture(scope="module")
+def tool_server_url(tmp_path_factory):
+    with LocalToolServer(CORPUS, top_k=3, log_path=tmp_path_factory.mktemp("tools") / "log") as server:
+        yield server.url
+
+
+def gold_by_question() -> dict[str, list[str]]:
+    rows, problems = load_rows(TEST_SET, limit_per_source=2, sources=SOURCES.split(","))
+    assert not problems and len(rows) == 4
+    return {row.question: list(row.aliases) for row in rows}
+
+
+class ScriptedPolicy:
+    """A /v1/completions fake in vLLM's token-id form: search once with the question, then answer.
+
+    ``answers(question, gold)`` picks the final answer. ``/chat/completions`` requests (the judge) go to ``judge``.
+    """
+
+    def __init__(self, tokenizer, answers, judge=None):
+        self.tok, self.answers, self.judge = tokenizer, answers, judge
+        self.eot = tokenizer.convert_tokens_to_ids("<|im_end|>")
+        self.gold = gold_by_question()
+        self.completions = 0
+
+    def __call__(self, body: dict) -> Reply:
+        if "messages" in body:
+            return Reply(content=self.judge(body["messages"][0]["content"]))
+        self.completions += 1
+        prompt = self.tok.decode(body["prompt"])
+        question = next(q for q in self.gold if q in prompt)
+        if "<|im_start|>user\n<tool_response>" not in prompt:  # no observation yet
+            text = f'<think>search</think>\n<tool_call>{{"name": "search", "arguments": {{"query": ["{question}"]}}}}</tool_call>'
+        else:
+            text = f"<think>found</think>\n<answer>{self.answers(question, self.gold[question])}</answer>"
+        ids = (self.tok.encode(text, add_special_tokens=False) + [self.eot])[: body["max_tokens"]]
+        choice = {"index": 0, "text": text, "finish_reason": "stop",
+                  "logprobs": {"tokens": [f"token_id:{i}" for i in ids], "token_logprobs": [-0.5] * len(ids)}}
+        return Reply(raw=json.dumps({"id": "cmpl", "object": "text_completion", "choices": [choice]}))
+
+
+def run_script(args: list[str]) -> int:
+    return evaluate_script.main([str(a) for a in args])
+
+
+def read_csv(path: Path) -> dict[str, dict[str, str]]:
+    with open(path, newline="") as handle:
+        return {row["data_source"]: row for row in csv.DictReader(handle)}
+
+
+def read_traces(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+# ------------------------------------------------------------------------------------------------ endpoint adapter
+
+
+def test_parse_completion_reads_token_ids_in_both_vllm_forms():
+    ids, lp, finish = parse_completion({"choices": [{"token_ids": [5, 6], "finish_reason": "length"}]})
+    assert (ids, lp, finish) == ([5, 6], None, "length")
+    reply = {"choices": [{"logprobs": {"tokens": ["token_id:7", "token_id:8"], "token_logprobs": [-1.0, -2.0]},
+                          "finish_reason": "stop"}]}
+    assert parse_completion(reply) == ([7, 8], [-1.0, -2.0], "stop")
+    with pytest.raises(EndpointError, match="no token ids"):
+        parse_completion({"choices": [{"text": "hi", "logprobs": {"tokens": ["hi"]}}]})
+
+
+def test_endpoint_adapter_sends_token_ids_retries_transient_errors_and_redacts_the_key():
+    ok = {"choices": [{"token_ids": [3, 4, 9], "finish_reason": "stop",
+                       "logprobs": {"token_logprobs": [-0.1, -0.2, -0.3]}}]}
+    with FakeOpenAI() as fake:
+        fake.script.extend([Reply(status=503, raw="busy"), Reply(raw=json.dumps(ok)),
+                            Reply(status=400, raw="bad model; key was sekret-123")])
+        server = OpenAICompletionsServer(fake.base_url, "m", api_key="sekret-123", stop_token_ids=[9],
+                                         backoff_base_s=0.01)
+
+        async def go():
+            out = await server.generate("r", prompt_ids=[1, 2], sampling_params={"max_tokens": 8, "temperature": 0})
+            with pytest.raises(EndpointError) as err:
+                await server.generate("r", prompt_ids=[1], sampling_params={"max_tokens": 8})
+            await server.aclose()
+            return out, str(err.value)
+
+        out, message = asyncio.run(go())
+    assert out.token_ids == [3, 4, 9] and out.log_probs == [-0.1, -0.2, -0.3] and out.stop_reason == "completed"
+    assert server.retries == 1 and len(fake.requests) == 3
+    body = fake.requests[0].body
+    assert body["prompt"] == [1, 2] and body["stop_token_ids"] == [9] and body["return_tokens_as_token_ids"]
+    assert body["temperature"] == 0 and body["max_tokens"] == 8
+    assert fake.requests[0].headers["authorization"] == "Bearer sekret-123"
+    assert "HTTP 400" in message and "sekret" not in message and "***" in message
+
+
+# ------------------------------------------------------------------------------------------------ end to end
+
+
+def test_endpoint_run_scores_writes_outputs_and_resumes(tmp_path, tiny_model_dir, tiny_tokenizer, tool_server_url,
+                                                        capsys):
+    wrong = sorted(gold_by_question())[0]  # one question is answered wrongly
+    policy = ScriptedPolicy(tiny_tokenizer, lambda q, gold: "zzz" if q == wrong else min(gold, key=len).upper() + ".")
+    out = tmp_path / "eval"
+    with FakeOpenAI() as fake:
+        fake.default = policy
+        args = ["--data", TEST_SET, "--sources", SOURCES, "--limit-per-source", 2, "--endpoint", fake.base_url,
+                "--model", "m", "--tokenizer", tiny_model_dir, "--tool-server", tool_server_url, "--out", out, *SMALL]
+        assert run_script(args) == 0
+        assert policy.completions == 8  # 4 rows x (search turn + answer turn)
+
+        traces = read_traces(out / "traces.jsonl")
+        assert len(traces) == 4
+        for trace in traces:
+            assert trace["turns"] == 2 and trace["tool_calls"] == 1 and trace["tool_names"] == ["search", None]
+            assert trace["tool_status"][0] in ("ok", "no_results") and trace["tool_status"][1] == "answer"
+            assert trace["gold"] == policy.gold[trace["question"]]
+            assert trace["em"] == (0.0 if trace["question"] == wrong else 1.0) and trace["f1"] == trace["em"]
+        table = read_csv(out / "results.csv")
+        wrong_source = next(t["data_source"] for t in traces if t["question"] == wrong)
+        for source in SOURCES.split(","):
+            assert float(table[source]["em"]) == (0.5 if source == wrong_source else 1.0)
+            assert table[source]["n"] == "2" and float(table[source]["mean_tool_calls"]) == 1.0
+        assert float(table["ALL"]["em"]) == 0.75 and float(table["AVG"]["em"]) == 0.75
+        assert "judge" not in table["ALL"]
+        settings = json.loads((out / "settings.json").read_text())
+        assert settings["data_sha256"] == file_sha256(TEST_SET) and settings["status"] == "complete"
+        assert settings["agent"]["max_turns"] == 3 and settings["sampling"]["temperature"] == 0.0
+        assert settings["tools"] == {"backend": "local", "url": tool_server_url, "top_k": 5}
+        assert settings["model"]["model"] == "m"
+        for name in ("accuracy_by_source.png", "turns_hist.png"):
+            assert (out / name).read_bytes()[:4] == b"\x89PNG"
+        assert "| 2wiki | 2 |" in (out / "results.md").read_text()
+        assert capsys.readouterr().out.splitlines()[-1].startswith("evaluate: 4/4 rows scored, AVG EM=0.750")
+
+        # A rerun redoes nothing.
+        assert run_script(args) == 0
+        assert policy.completions == 8 and len(read_traces(out / "traces.jsonl")) == 4
+        assert "4/4 rows (4 resumed" in capsys.readouterr().out
+
+        # An interrupted write leaves half a line: that row alone is redone.
+        raw = (out / "traces.jsonl").read_bytes()
+        (out / "traces.jsonl").write_bytes(raw[: raw.rstrip(b"\n").rfind(b"\n") + 40])
+        assert run_script(args) == 0
+        assert policy.completions == 10 and len(read_traces(out / "traces.jsonl")) == 4
+
+        # Different settings must not be mixed into the same directory.
+        assert run_script([*args, "--max-turns", "4"]) == 2
+        assert "different settings" in capsys.readouterr().err and policy.completions == 10
+
+
+def test_judge_verdicts_and_failures_are_reported_not_zeroed(tmp_path, tiny_model_dir, tiny_tokenizer,
+                                                            tool_server_url, monkeypatch, capsys):
+    gold = gold_by_question()
+    bamboogle = {row.question for row in load_rows(TEST_SET, limit_per_source=2, sources=["Bamboogle"])[0]}
+    # The judge says yes for Bamboogle questions and never gives a verdict for 2wiki ones.
+    judge = lambda prompt: "correct: yes" if any(q in prompt for q in bamboogle) else "I cannot decide."  # noqa: E731
+    policy = ScriptedPolicy(tiny_tokenizer, lambda q, g: "something else entirely", judge=judge)
+    out = tmp_path / "judged"
+    with FakeOpenAI() as fake:
+        fake.default = policy
+        monkeypatch.setenv("JUDGE_MODEL_NAME", "judge-m")
+        monkeypatch.setenv("JUDGE_API_BASE", fake.base_url)
+        monkeypatch.setenv("JUDGE_API_KEY", "sekret-judge")
+        args = ["--data", TEST_SET, "--sources", SOURCES, "--limit-per-source", 2, "--endpoint", fake.base_url,
+                "--model", "m", "--tokenizer", tiny_model_dir, "--tool-server", tool_server_url, "--out", out,
+                "--judge", *SMALL]
+        assert run_script(args) == 0
+    table = read_csv(out / "results.csv")
+    assert float(table["Bamboogle"]["judge"]) == 1.0 and table["Bamboogle"]["judge_failed"] == "0"
+    assert table["2wiki"]["judge"] == "" and table["2wiki"]["judge_failed"] == "2"  # no verdict: missing, never 0
+    assert float(table["ALL"]["judge"]) == 1.0 and table["ALL"]["judge_failed"] == "2"
+    assert float(table["2wiki"]["em"]) == 0.0
+    traces = {t["question"]: t for t in read_traces(out / "traces.jsonl")}
+    assert all(traces[q]["judge"] is None and traces[q]["judge_failed"] for q in gold if q not in bamboogle)
+    settings = json.loads((out / "settings.json").read_text())
+    assert settings["judge"]["model"] == "judge-m" and settings["judge_metrics"]["judge/parse_failures"] >= 2
+    for path in out.iterdir():
+        if path.suffix in (".json", ".jsonl", ".md", ".csv"):
+            assert "sekret" not in path.read_text()
+    assert "judge_failed" in (out / "results.md").read_text()
+
+
+def test_local_hf_model_with_a_started_tool_server(tmp_path, tiny_model_dir):
+    out = tmp_path / "hf"
+    args = ["--data", TEST_SET, "--sources", SOURCES, "--limit-per-source", 1, "--model-path", tiny_model_dir,
+            "--corpus", CORPUS, "--out", out, "--max-turns", "2", "--max-tokens-per-turn", "16",
+            "--max-observation-tokens", "64", "--response-length", "512"]
+    assert run_script(args) == 0
+    traces = read_traces(out / "traces.jsonl")
+    assert sorted(t["data_source"] for t in traces) == ["2wiki", "Bamboogle"]
+    assert all(1 <= t["turns"] <= 2 and t["response_tokens"] > 0 for t in traces)
+    table = read_csv(out / "results.csv")
+    assert table["ALL"]["n"] == "2" and set(table) == {"2wiki", "Bamboogle", "ALL", "AVG"}
+    settings = json.loads((out / "settings.json").read_text())
+    assert settings["model"] == {"kind": "hf", "path": str(tiny_model_dir)}
+    assert settings["tools"]["corpus_sha256"] == file_sha256(CORPUS)
+    assert (out / "turns_hist.png").exists() and (out / "accuracy_by_source.png").exists()
+
+
+# ------------------------------------------------------------------------------------------------ bad input
+
+
+def write_rows(path: Path, rows: list[dict], schema: pa.Schema | None = None) -> Path:
+    pq.write_table(pa.Table.from_pylist(rows, schema=schema), path)
+    return path
+
+
+def row(source="nq", question="Who?", truth="Ada", index="i1"):
+    return {"data_source": source, "prompt": [{"role": "user", "content": question}], "ability": "qa",
+            "reward_model": {"ground_truth": truth, "style": "rule"}, "extra_info": {"index": index, "split": "test"}}
+
+
+def test_bad_rows_are_reported_by_row_and_stop_the_run(tmp_path, capsys):
+    data = write_rows(tmp_path / "bad.parquet", [
+        row(index="ok1"), row(truth=None, index="no_gt"), row(truth=" <|answer_split|> ", index="empty_gt"),
+        row(source="foo", index="unknown"), row(question=None, index="no_q"), row(index="ok1"),
+    ])
+    base = ["--model-path", tmp_path / "no_model", "--corpus", CORPUS, "--out", tmp_path / "o"]
+    assert run_script(["--data", data, "--allowed-sources", "nq,tq", *base]) == 2
+    err = capsys.readouterr().err
+    assert "row 2 (no_gt): missing ground truth" in err
+    assert "row 3 (empty_gt): reward_model.ground_truth is unusable" in err
+    assert "row 4 (unknown): unknown data_source 'foo'" in err
+    assert "row 5 (no_q): prompt[0]" in err and "row 6 (ok1): duplicate" in err and "row 1 " not in err
+    assert "--skip-bad" in err
+
+    rows, problems = load_rows(data, allowed_sources={"nq"})
+    assert [r.index for r in rows] == ["ok1"] and len(problems) == 6  # row 5: bad message, no question
+
+    # Wrong column types: every row says so.
+    typed = pa.schema([("data_source", pa.string()), ("prompt", pa.string()), ("reward_model", pa.int64()),
+                       ("extra_info", pa.string())])
+    data = write_rows(tmp_path / "types.parquet", [{"data_source": "nq", "prompt": "Who?", "reward_model": 3,
+                                                    "extra_info": "x"}], typed)
+    assert run_script(["--data", data, *base]) == 2
+    err = capsys.readouterr().err
+    assert "row 1: prompt is str" in err and "reward_model is int" in err and "extra_info.index is missing" in err
+
+    missing = write_rows(tmp_path / "cols.parquet", [{"data_source": "nq", "question": "Who?"}])
+    assert run_script(["--data", missing, *base]) == 2
+    assert "lacks the column(s) ['prompt', 'reward_model', 'extra_info']" in capsys.readouterr().err
+    assert run_script(["--data", tmp_path / "nope.parquet", *base]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    good = write_rows(tmp_path / "good.parquet", [row()])
+    assert run_script(["--data", good, "--sources", "tq", *base]) == 2
+    assert "have no row" in capsys.readouterr().err
+    assert run_script(["--data", good, *base]) == 2  # the model directory does not exist
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_trace_store_refuses_a_damaged_middle_line(tmp_path):
+    path = tmp_path / "traces.jsonl"
+    path.write_text('{"data_source": "nq", "index": "a"}\nnot json\n{"data_source": "nq", "index": "b"}\n')
+    with pytest.raises(ValueError, match="line 2"):
+        TraceStore(path)
+    path.write_text('{"data_source": "nq", "index": "a"}\n{"data_source": "nq", "ind')
+    store = TraceStore(path)
+    assert store.dropped_partial_line and ("nq", "a") in store and ("nq", "b") not in store
+    assert path.read_text() == '{"data_source": "nq", "index": "a"}\n'
