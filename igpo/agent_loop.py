@@ -462,7 +462,8 @@ class IGPOAgentLoop(AgentLoopBase):
             )
             traj.generate_s += time.perf_counter() - start
             self._merge_server_fields(traj, out)
-            ids = list(out.token_ids)
+            # An engine that overshoots max_tokens would break the context budget: keep what was asked for.
+            ids = list(out.token_ids)[:max_tokens]
             body = ids[:-1] if ids and ids[-1] == frame.eot_id else ids
             text = self.tokenizer.decode(body, skip_special_tokens=False)
             parsed = protocol.parse_turn(text)
@@ -476,7 +477,7 @@ class IGPOAgentLoop(AgentLoopBase):
                 attempt += 1
                 traj.retries += 1
                 continue
-            logprobs = list(out.log_probs) if out.log_probs is not None else None
+            logprobs = list(out.log_probs)[:max_tokens] if out.log_probs is not None else None
             if logprobs is None or len(logprobs) != len(ids):
                 traj.logprobs = None  # the engine did not return per-token log-probs: report none rather than fake
             return ids, logprobs, text, parsed

@@ -384,3 +384,21 @@ def test_config_validation_names_value_rule_and_fix():
         AgentLoopConfig.from_dict({"completion_cutoff": 1.5})
     cfg = AgentLoopConfig.from_dict(OmegaConf.create({"tool_names": "Search, visit", "max_turns": 5}))
     assert cfg.tool_names == ("search", "visit") and cfg.max_turns == 5 and cfg.max_tokens_per_turn == 8192
+
+
+async def test_an_engine_that_overshoots_max_tokens_is_cut_to_the_budget(tiny_tokenizer):
+    tok = tiny_tokenizer
+    long_answer = tok.encode("<answer>" + " ".join(f"w{i}" for i in range(400)), add_special_tokens=False)
+
+    class Overshooting(FakeServer):
+        async def generate(self, request_id, *, prompt_ids, sampling_params, **kwargs):
+            return await super().generate(request_id, prompt_ids=prompt_ids,
+                                          sampling_params={**sampling_params, "max_tokens": 10_000}, **kwargs)
+
+    server = Overshooting(tok, scripted(long_answer, ANSWER), tok.convert_tokens_to_ids("<|im_end|>"))
+    loop = make_loop(tok, server, FakeTools())
+    out = await loop.run({"temperature": 1.0, "logprobs": True}, raw_prompt=QUESTION,
+                         reward_model={"ground_truth": "Ada"}, data_source="t", extra_info={}, index=0, uid="u0",
+                         global_steps=1)
+    # 128 tokens per turn were asked for; the engine sent more; the loop keeps the budget.
+    assert out.extra_fields["igpo_turn_ends"][0] == 127 and len(out.response_ids) <= loop.response_length
