@@ -84,7 +84,7 @@ def test_packed_matches_per_turn(tie, seed, length, n_boundaries, n_probes):
 ])
 def test_packed_matches_per_turn_under_other_plans(options):
     model = tiny_model()
-    trajectory, boundaries, probes = random_case(4, 150, 12, 5)
+    trajectory, boundaries, probes = random_case(4, 100, 8, 4)
     packed, reference = both(model, trajectory, boundaries, probes, **options)
     assert (packed - reference).abs().max().item() <= TOL
 
