@@ -44,21 +44,18 @@ STATE_FILE = "igpo_state.json"
 
 
 def _turn_tensors(extras: list[dict], length: int, alias_mode: str):
-    """Per-turn tensors [B, T] from the agent loop's extra_fields (T = the batch's largest turn count).
+    """Per-turn tensors [B, T] from the agent loop's extra_fields dicts (T = the batch's largest turn count).
 
     A turn whose last token lies beyond the stored response (cut by ``rollout.response_length``) is dropped: its
     reward would have no token to sit on.
     """
     batch = len(extras)
-    num_turns = [int(e.get("igpo_num_turns", 0) or 0) if isinstance(e, dict) else 0 for e in extras]
+    num_turns = [int(e.get("igpo_num_turns") or 0) for e in extras]
     width = max(1, max(num_turns, default=0))
     turn_ends = torch.zeros(batch, width, dtype=torch.long)
     format_ok = torch.ones(batch, width, dtype=torch.bool)
-    aliases = 1
-    for e in extras:
-        for entry in (e.get("igpo_answer_logprobs") or []) if isinstance(e, dict) else []:
-            if entry:
-                aliases = max(aliases, len(entry))
+    aliases = max([len(entry) for e in extras for entry in (e.get("igpo_answer_logprobs") or []) if entry],
+                  default=1)
     alias_lp = torch.full((batch, width, aliases), float("nan"), dtype=torch.float64)
     alias_ok = torch.zeros(batch, aliases, dtype=torch.bool)
     tool_names: list[list[str | None]] = []
@@ -66,7 +63,7 @@ def _turn_tensors(extras: list[dict], length: int, alias_mode: str):
         n = num_turns[i]
         ends = list(e.get("igpo_turn_ends") or [])[:n] if n else []
         inside = [end < length for end in ends]
-        n = sum(1 for _ in ends) if all(inside) else inside.index(False)
+        n = len(ends) if all(inside) else inside.index(False)
         num_turns[i] = n
         if n:
             turn_ends[i, :n] = torch.tensor(ends[:n])
