@@ -244,3 +244,72 @@ def test_response_mask_with_holes_matches_reference():
     holes = torch.rand(m.shape, generator=torch.Generator().manual_seed(0)) < 0.3
     m = m & (~holes | F | I)
     _compare((rewards, F, I, m, group, None), AdvantageConfig(gamma=0.8))
+
+
+def _tool_spans_masked(m, F, I, pen, seed, span=(20, 160), count=8):
+    """Mask out runs of tokens (tool responses in an assistant-only mask), never a reward position."""
+    gen = torch.Generator().manual_seed(seed)
+    m = m.clone()
+    keep = F | I | (pen != 0 if pen is not None else torch.zeros_like(F))
+    B, L = m.shape
+    for i in range(B):
+        for _ in range(count):
+            a = int(torch.randint(0, L, (1,), generator=gen))
+            m[i, a:a + int(torch.randint(span[0], span[1], (1,), generator=gen))] = False
+    return m | keep  # reward positions stay valid response tokens
+
+
+@pytest.mark.parametrize("L", [1, 7, 33, 96, 257, 2048])
+@pytest.mark.parametrize("layout", ["plain", "tool_spans", "offset_view", "float64"])
+def test_token_layouts_match_reference(L, layout):
+    """Every token-grid path: block widths 1..32 (L odd, 33, 96, 2048), long segments with whole blocks outside the
+    mask (tool spans), inputs that are views at a storage offset, and float64 rewards/penalties."""
+    rewards, F, I, m, group, pen = random_batch(3, 4, L, min(L, 25), seed=L, penalty_frac=0.2, padding_rows=1)
+    # -0.0 is not a penalty position (it compares equal to 0), although its bits are not zero.
+    pen = torch.where((pen == 0) & (torch.arange(L) % 3 == 0), torch.tensor(-0.0), pen)
+    if layout == "tool_spans":
+        m = _tool_spans_masked(m, F, I, pen, seed=L)
+    elif layout == "offset_view":
+        pad = lambda t: torch.cat([torch.zeros_like(t[:1]), t])[1:]  # noqa: E731
+        rewards, F, I, m, pen = (pad(t) for t in (rewards, F, I, m, pen))
+        assert rewards.storage_offset() == L
+    elif layout == "float64":
+        rewards, pen = rewards.double(), pen.double()
+    adv, _ = _compare((rewards, F, I, m, group, pen), AdvantageConfig(gamma=0.9))
+    assert adv.dtype == rewards.dtype
+    assert torch.count_nonzero(adv[~m]) == 0
+
+
+def test_token_metrics_count_masked_tokens_per_segment():
+    """adv_* metrics weight each segment by its response tokens, also when whole blocks of it are masked out."""
+    rewards, F, I, m, group, pen = random_batch(2, 4, 1024, 12, seed=21, penalty_frac=0.2)
+    m = _tool_spans_masked(m, F, I, pen, seed=21)
+    adv, metrics = _compare((rewards, F, I, m, group, pen), AdvantageConfig())
+    valid = adv[m].double()
+    assert metrics["igpo/adv_abs_mean"] == pytest.approx(valid.abs().mean().item(), abs=1e-5)
+    assert metrics["igpo/adv_std"] == pytest.approx(valid.std(unbiased=False).item(), abs=1e-5)
+    assert metrics["igpo/adv_positive_ratio"] == pytest.approx((valid > 0).double().mean().item(), abs=1e-6)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_matches_cpu():
+    batch = random_batch(4, 4, 512, 20, seed=22, penalty_frac=0.2)
+    rewards, F, I, m, group, pen = batch
+    cfg = AdvantageConfig(norm_group="group_turn")
+    cpu, _, cpu_metrics = compute_igpo_advantage(rewards, F, I, m, group, cfg, penalty=pen)
+    gpu, _, gpu_metrics = compute_igpo_advantage(*(t.cuda() for t in batch[:5]), cfg, penalty=pen.cuda())
+    assert gpu.device.type == "cuda"
+    assert (gpu.cpu().double() - cpu.double()).abs().max() <= TOL
+    assert gpu_metrics.keys() == cpu_metrics.keys()
+    for key, value in cpu_metrics.items():
+        assert gpu_metrics[key] == pytest.approx(value, abs=1e-6), key
+
+
+def test_nan_penalty_inside_a_long_block_is_rejected():
+    """A NaN penalty anywhere in a block (here mid-segment, away from other boundaries) is found and rejected."""
+    rewards, F, I, m, group, pen = random_batch(2, 2, 256, 3, seed=23, penalty_frac=0.5)
+    bad = torch.zeros_like(rewards)
+    bad[1, 37] = float("nan")
+    m[1, 37] = True
+    with pytest.raises(ValueError, match="penalty contains NaN"):
+        compute_igpo_advantage(rewards, F, I, m, group, AdvantageConfig(), penalty=bad)

@@ -13,9 +13,11 @@ Group z-score of rewards r over a mask M, per prompt group g (positions of all r
     μ_g = mean_{M ∩ g} r,  σ_g = sqrt(mean_{M ∩ g} (r − μ_g)² + 1e-8)  (σ_g := 1 if |M ∩ g| ≤ 1),
     ẑ(M) = (r − μ_g) / (σ_g + ε)   (no division when norm_adv_by_std is False).
 
-Implementation: boundaries are compacted to padded per-trajectory turn slots [B, K_max] (index tensors from
-``nonzero``), normalized and scanned there in float64, then broadcast back to tokens with one gather over the
-exclusive cumulative boundary count. No Python loop over samples or boundaries; the scan loops over K_max only.
+Implementation: the [B, L] work is a few passes over W-token blocks. Per-block word sums of the masks (and the
+penalty's max/min) find the blocks holding a boundary or a response-mask edge; only those are gathered and resolved
+token by token, giving the boundaries as index tensors. Boundaries are compacted to padded per-trajectory turn slots
+[B, K_max], normalized and scanned there in float64, then written back: one constant per plain block, a gather per
+token in the resolved blocks. No Python loop over samples or boundaries; the scan loops over K_max only.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -115,23 +118,24 @@ def masks_from_token_rewards(token_level_rewards: Tensor, response_mask: Tensor)
     return outcome, ig
 
 
-def _group_z(v: Tensor, M: Tensor, key: Tensor, num_keys: int, divide: bool, eps: float) -> tuple[Tensor, Tensor]:
-    """ẑ(M) of slot values v (0 outside M) and σ of each slot's key; pools by ``key`` (see module docstring)."""
-    vals, keys = v[M], key[M]
+def _group_z(v: Tensor, sel: Tensor, keys: Tensor, num_keys: int, divide: bool, eps: float) -> tuple[Tensor, Tensor]:
+    """ẑ(M) of slot values v [B, K] (0 outside M) and σ of every key [num_keys]; M is given as ascending flat slot
+    indices ``sel`` and pooled by ``keys`` [len(sel)] (see module docstring)."""
+    vals = v.reshape(-1).index_select(0, sel)
     n = torch.bincount(keys, minlength=num_keys).to(v.dtype)
-    mu = torch.zeros(num_keys, dtype=v.dtype).index_add_(0, keys, vals) / n.clamp(min=1)
+    mu = torch.zeros(num_keys, dtype=v.dtype, device=v.device).index_add_(0, keys, vals) / n.clamp(min=1)
     d = vals - mu[keys]
-    var = torch.zeros(num_keys, dtype=v.dtype).index_add_(0, keys, d * d) / n.clamp(min=1)
+    var = torch.zeros(num_keys, dtype=v.dtype, device=v.device).index_add_(0, keys, d * d) / n.clamp(min=1)
     sigma = torch.where(n <= 1, torch.ones_like(var), torch.sqrt(var + 1e-8))
-    z = torch.zeros_like(v)
-    z[M] = d / (sigma[keys] + eps) if divide else d
-    return z, sigma[key]
+    z = torch.zeros(v.shape, dtype=v.dtype, device=v.device)
+    z.view(-1).index_copy_(0, sel, d / (sigma[keys] + eps) if divide else d)
+    return z, sigma
 
 
 def _discounted_scan(values: Tensor, gamma: Tensor) -> Tensor:
     """A_k = v_k + γ_i A_{k+1} over padded slots [B, K]; returns [B, K+1] with a zero last column."""
     B, K = values.shape
-    out = torch.zeros(K + 1, B, dtype=values.dtype)
+    out = torch.zeros(K + 1, B, dtype=values.dtype, device=values.device)
     cols = values.t().contiguous()
     for k in range(K - 1, -1, -1):
         out[k] = cols[k] + gamma * out[k + 1]
@@ -155,21 +159,175 @@ def _check_inputs(rewards, outcome_mask, ig_mask, response_mask, group, penalty,
             raise ValueError(f"{name}={w!r} must be finite.")
 
 
-def _check_positions(rows, cols, rewards, outcome_mask, ig_mask, response_mask, penalty, B):
+def _check_positions(at: dict[str, Tensor | None], rows: Tensor, B: int) -> None:
     """Value checks on the reward positions only (gathered, so they cost O(#boundaries), not O(B·L))."""
-    f, i = outcome_mask[rows, cols], ig_mask[rows, cols]
-    if not bool(torch.isfinite(rewards[rows, cols][f | i]).all()):
+    f, i = at["F"], at["I"]
+    if not bool(torch.isfinite(at["r"][f | i]).all()):
         raise ValueError("rewards contain NaN or inf at outcome/IG positions; a failed reward must be handled "
                          "upstream (e.g. a failed IG boundary is not placed), never passed to the advantage.")
-    if penalty is not None and not bool(torch.isfinite(penalty[rows, cols]).all()):
+    if at["P"] is not None and not bool(torch.isfinite(at["P"]).all()):
         raise ValueError("penalty contains NaN or inf.")
     if bool((f & i).any()):
         raise ValueError("outcome_mask and ig_mask overlap; a token carries either the outcome or an IG reward.")
-    if not bool(response_mask[rows, cols].all()):
+    if not bool(at["M"].all()):
         raise ValueError("a reward position lies outside response_mask; outcome, IG and penalty positions must be "
                          "valid response tokens.")
     if bool((torch.bincount(rows[f], minlength=B) > 1).any()):
         raise ValueError("a trajectory has more than one outcome position; outcome_mask allows at most one per row.")
+
+
+# Block width W (tokens): the [B, L] passes run per block (cost ∝ B·L/W) and only blocks holding a boundary or a
+# response-mask edge are resolved token by token (cost ∝ #boundaries·W). Must stay below 255 so that byte-wise sums
+# of bool words neither carry nor wrap mod 255 (see _block_sums and the token counts in _broadcast).
+_BLOCK_TOKENS = 32
+
+
+def _block_width(L: int) -> int:
+    """Largest power of two ≤ _BLOCK_TOKENS dividing L, so that no block spans two rows (1 for odd L: slower only)."""
+    w = _BLOCK_TOKENS
+    while w > 1 and L % w:
+        w //= 2
+    return w
+
+
+class _Arena:
+    """Bump allocator for the per-block temporaries of one call, carved out of the not-yet-written output.
+
+    Why: a fresh tensor from torch's CPU allocator is faulted in by 4 KiB pages (~0.4 ms per MiB, more than the
+    passes over it cost), while the output is backed by huge pages (``_empty_tokens``). Everything taken from the
+    arena is dead before the output is filled. Falls back to ordinary allocation when the output is too small.
+    """
+
+    def __init__(self, out: Tensor):
+        self.buf = out.view(-1).view(torch.uint8)
+        self.used = 0
+
+    def take(self, shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
+        nbytes = math.prod(shape) * dtype.itemsize
+        begin = -(-self.used // 64) * 64
+        if begin + nbytes > self.buf.numel():
+            return torch.empty(shape, dtype=dtype, device=self.buf.device)
+        self.used = begin + nbytes
+        return self.buf[begin:begin + nbytes].view(dtype).view(shape)
+
+
+def _words(x: Tensor) -> Tensor:
+    """The bytes of each row of a contiguous [nb, W] tensor, viewed as the widest integer words that tile the row."""
+    b = x.view(torch.uint8)
+    for dtype in (torch.int64, torch.int32, torch.int16):
+        if b.shape[1] % dtype.itemsize == 0 and b.storage_offset() % dtype.itemsize == 0:
+            return b.view(dtype)
+    return b
+
+
+def _block_sums(x: Tensor, arena: _Arena) -> Tensor:
+    """Σ of the integer words of each block of a bool [nb, W] tensor. Bytes are 0/1 and W < 256, so no byte carries
+    into the next: the sum is 0 iff the block is all False, and (#words · 0x0101..) iff it is all True. The sum goes
+    to the arena (see _Arena)."""
+    return torch.sum(_words(x), dim=1, out=arena.take((x.shape[0],), torch.int64))
+
+
+def _all_true_sum(x: Tensor) -> int:
+    """_block_sums of an all-True block of x's width."""
+    w = _words(x)
+    return w.shape[1] * int.from_bytes(b"\x01" * w.element_size(), "little")
+
+
+def _empty_tokens(shape: tuple[int, int], dtype: torch.dtype, device: torch.device) -> Tensor:
+    """Uninitialized output. On CPU numpy allocates it: numpy advises transparent huge pages for large arrays and
+    torch's allocator does not, and faulting a 32 MiB tensor in by 4 KiB pages costs ~15 ms, more than filling it."""
+    np_dtype = {torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16}.get(dtype)
+    if device.type != "cpu" or np_dtype is None:
+        return torch.empty(shape, dtype=dtype, device=device)
+    return torch.from_numpy(np.empty(shape, dtype=np_dtype))
+
+
+@dataclass
+class _Blocks:
+    """The [B, L] token grid cut into nb = B·L/W blocks of W tokens (W divides L: no block spans two rows).
+
+    fix_idx: [n_fix] blocks holding a boundary candidate or a response-mask edge, resolved token by token;
+    bits, mask: [n_fix, W] their boundary and response-mask bits; bnd_block, bnd_offset: [nnz] index into fix_idx
+    and offset in the block of each boundary; mask_words: [nb] the response-mask word sums (_block_sums).
+    Arena memory except fix_idx and the boundary indices: use it before the output is filled.
+    """
+
+    W: int
+    fix_idx: Tensor
+    bits: Tensor
+    mask: Tensor
+    bnd_block: Tensor
+    bnd_offset: Tensor
+    mask_words: Tensor
+
+
+def _find_boundaries(outcome_mask: Tensor, ig_mask: Tensor, response_mask: Tensor, penalty: Tensor | None, W: int,
+                     arena: _Arena) -> tuple[Tensor, _Blocks]:
+    """Flat token positions [nnz] of all boundaries in row-major order, and the block structure for ``_broadcast``.
+
+    Blocks are classified by word sums (no [B, L] temporaries); the few that hold a boundary candidate or a mask edge
+    are gathered and their bits resolved exactly.
+    """
+    nb = outcome_mask.numel() // W
+    F, I, M = (t.view(nb, W) for t in (outcome_mask, ig_mask, response_mask))
+    candidate = _block_sums(F, arena).add_(_block_sums(I, arena)) != 0
+    if penalty is not None:
+        P = penalty.view(nb, W)
+        # A block holds a penalty position iff its max or min is != 0 (NaN propagates through both, so it counts).
+        candidate |= (P.amax(dim=1) != 0) | (P.amin(dim=1) != 0)
+    m_sum = _block_sums(M, arena)
+    fix_idx = torch.nonzero(candidate | ~((m_sum == 0) | (m_sum == _all_true_sum(M))), as_tuple=True)[0]
+    n_fix = fix_idx.numel()
+    bits = torch.index_select(F, 0, fix_idx, out=arena.take((n_fix, W), torch.bool))
+    bits |= torch.index_select(I, 0, fix_idx, out=arena.take((n_fix, W), torch.bool))
+    if penalty is not None:
+        # NaN != 0: a NaN penalty becomes a boundary and fails the checks.
+        bits |= torch.index_select(P, 0, fix_idx, out=arena.take((n_fix, W), P.dtype)) != 0
+    blk, off = torch.nonzero(bits, as_tuple=True)
+    mask = torch.index_select(M, 0, fix_idx, out=arena.take((n_fix, W), torch.bool))
+    return fix_idx[blk] * W + off, _Blocks(W, fix_idx, bits, mask, blk, off, m_sum)
+
+
+def _broadcast(A: Tensor, rows: Tensor, slot: Tensor, blocks: _Blocks, out: Tensor, arena: _Arena) -> Tensor:
+    """Fill ``out`` [B, L]: token t of row i gets A[i, s] · response_mask with s = #boundaries of row i before t (slot
+    K_i is the tail after the last boundary, A = 0). Returns the response tokens of each segment [B, K_max + 1]
+    (0 for the tail), exact integers in A's dtype.
+
+    A block without boundary or mask edge is one constant: A at the slot of its first token (an exclusive cumsum of
+    boundaries per block along the row); a fix block adds the exclusive in-block count per token. Segment token
+    counts are differences of the response-token prefix count C at consecutive boundaries, C = (exclusive cumsum of
+    block token counts along the row) + (inclusive in-block count).
+    """
+    B, Kp = A.shape
+    W, fix_idx, bits, fix_mask = blocks.W, blocks.fix_idx, blocks.bits, blocks.mask
+    nb, dev, dtype = blocks.mask_words.shape[0], A.device, out.dtype
+    R = nb // max(B, 1)
+    V = A.to(dtype).reshape(-1)
+    per_block = arena.take((B, R), torch.int32).zero_()
+    per_block.view(-1).index_put_((fix_idx,), torch.bincount(blocks.bnd_block, minlength=fix_idx.numel()).int())
+    vidx = torch.cumsum(per_block, dim=1, dtype=torch.int32, out=arena.take((B, R), torch.int32))
+    vidx.sub_(per_block).add_(torch.arange(0, B * Kp, Kp, dtype=torch.int32, device=dev)[:, None])
+    vidx = vidx.view(-1)
+    # Fresh memory (not the arena): the fill below overwrites the arena. An empty block's A is masked to 0.
+    block_val = V.index_select(0, vidx).masked_fill_(blocks.mask_words == 0, 0)
+    excl = torch.cumsum(bits, dim=1, dtype=torch.int32, out=arena.take(tuple(bits.shape), torch.int32)).sub_(bits.int())
+    tidx = excl.add_(vidx[fix_idx][:, None])
+    fix_val = V.index_select(0, tidx.view(-1)).view_as(tidx).masked_fill_(~fix_mask, 0)
+
+    # Byte sums of mask words have no carries, so the block's token count is their base-256 digit sum = value mod 255.
+    block_tokens = torch.remainder(blocks.mask_words, 255, out=arena.take((nb,), torch.int64)).view(B, R)
+    before = torch.cumsum(block_tokens, dim=1, dtype=torch.int32, out=arena.take((B, R), torch.int32))
+    before = before.sub_(block_tokens).view(-1)
+    in_block = torch.cumsum(fix_mask, dim=1, dtype=torch.int32, out=arena.take(tuple(fix_mask.shape), torch.int32))
+    C = before[fix_idx[blocks.bnd_block]] + in_block[blocks.bnd_block, blocks.bnd_offset]
+    C_prev = torch.zeros_like(C)
+    C_prev[1:] = torch.where(slot[1:] > 0, C[:-1], 0)
+    tokens = torch.zeros(B, Kp, dtype=A.dtype, device=dev)
+    tokens[rows, slot] = (C - C_prev).to(A.dtype)
+
+    out.view(nb, W).copy_(block_val[:, None].expand(nb, W))
+    out.view(nb, W).index_copy_(0, fix_idx, fix_val)
+    return tokens
 
 
 @torch.no_grad()
@@ -198,28 +356,35 @@ def compute_igpo_advantage(
     """
     _check_inputs(rewards, outcome_mask, ig_mask, response_mask, group, penalty, outcome_weight, ig_weight_schedule)
     B, L = rewards.shape
+    dev = rewards.device
     f64 = torch.float64
-    bnd = outcome_mask | ig_mask
-    if penalty is not None:
-        bnd |= penalty != 0  # NaN != 0 too, so a NaN penalty is caught below
+    rewards, outcome_mask, ig_mask, response_mask = (
+        t.contiguous() for t in (rewards, outcome_mask, ig_mask, response_mask))
+    penalty = penalty.contiguous() if penalty is not None else None
+    out = _empty_tokens((B, L), rewards.dtype, dev)
+    arena = _Arena(out)
+    flat, blocks = _find_boundaries(outcome_mask, ig_mask, response_mask, penalty, _block_width(L), arena)
+    at = {name: t.view(-1).index_select(0, flat) for name, t in (("r", rewards), ("F", outcome_mask),
+                                                                ("I", ig_mask), ("M", response_mask))}
+    at["P"] = penalty.view(-1).index_select(0, flat) if penalty is not None else None
+    rows = flat // max(L, 1)
+    _check_positions(at, rows, B)
 
     # Compact boundaries to turn slots: slot k of row i is the k-th boundary of trajectory i in token order.
-    rows, cols = torch.nonzero(bnd, as_tuple=True)
-    _check_positions(rows, cols, rewards, outcome_mask, ig_mask, response_mask, penalty, B)
     K = torch.bincount(rows, minlength=B)
     K_max = int(K.max()) if B else 0
     start = torch.cumsum(K, 0) - K
-    slot = torch.arange(rows.numel()) - start[rows]
-    r = torch.zeros(B, K_max, dtype=f64)
-    r[rows, slot] = rewards[rows, cols].to(f64)
-    isF = torch.zeros(B, K_max, dtype=torch.bool)
-    isF[rows, slot] = outcome_mask[rows, cols]
-    isI = torch.zeros(B, K_max, dtype=torch.bool)
-    isI[rows, slot] = ig_mask[rows, cols]
-    isP = torch.zeros(B, K_max, dtype=torch.bool)
-    pen = torch.zeros(B, K_max, dtype=f64)
+    slot = torch.arange(rows.numel(), device=dev) - start[rows]
+    r = torch.zeros(B, K_max, dtype=f64, device=dev)
+    r[rows, slot] = torch.where(at["F"] | at["I"], at["r"].to(f64), 0.0)
+    isF = torch.zeros(B, K_max, dtype=torch.bool, device=dev)
+    isF[rows, slot] = at["F"]
+    isI = torch.zeros(B, K_max, dtype=torch.bool, device=dev)
+    isI[rows, slot] = at["I"]
+    isP = torch.zeros(B, K_max, dtype=torch.bool, device=dev)
+    pen = torch.zeros(B, K_max, dtype=f64, device=dev)
     if penalty is not None:
-        pen[rows, slot] = penalty[rows, cols].to(f64)
+        pen[rows, slot] = at["P"].to(f64)
         isP = pen != 0
 
     _, g = torch.unique(group, return_inverse=True)
@@ -231,8 +396,14 @@ def compute_igpo_advantage(
     else:
         i_key, i_keys = g_key, num_groups
 
+    # Flat slot indices (ascending) of the F, I and F ∪ I slots: one nonzero each instead of one per masked read.
+    slot_flat = rows * K_max + slot
+    sel_F, sel_I, sel_FI = (slot_flat[x] for x in (at["F"], at["I"], at["F"] | at["I"]))
+    keys_F, keys_FI = g[sel_F // max(K_max, 1)], g[sel_FI // max(K_max, 1)]
+    keys_I = i_key.reshape(-1).index_select(0, sel_I)
+
     raw_ig = cfg.norm_mode == "raw_ig"
-    gamma = torch.full((B,), 0.0 if raw_ig else cfg.gamma, dtype=f64)
+    gamma = torch.full((B,), 0.0 if raw_ig else cfg.gamma, dtype=f64, device=dev)
     if cfg.adaptive_gamma_min_weight > 0 and not raw_ig:
         adaptive = cfg.adaptive_gamma_min_weight ** (1.0 / K.clamp(min=1).to(f64))
         gamma = torch.where(K > 1, adaptive, gamma)
@@ -244,28 +415,30 @@ def compute_igpo_advantage(
         eps, divide = cfg.epsilon, cfg.norm_adv_by_std
         N = torch.zeros_like(v)
         if cfg.norm_mode == "joint":
-            z, _ = _group_z(v, isF | isI, g_key, num_groups, divide, eps)
+            z, _ = _group_z(v, sel_FI, keys_FI, num_groups, divide, eps)
             N = torch.where(isF | isI, z, N)
             zF, zI = torch.where(isF, z, N), torch.where(isI, z, N)
         else:
-            zF, _ = _group_z(v, isF, g_key, num_groups, divide, eps)
+            zF, _ = _group_z(v, sel_F, keys_F, num_groups, divide, eps)
             if raw_ig:
-                _, sigma_I = _group_z(v, isI, i_key, i_keys, True, eps)
+                _, sigma = _group_z(v, sel_I, keys_I, i_keys, True, eps)
+                sigma_I = sigma[i_key]
                 outcome_of_row = zF.sum(dim=1, keepdim=True)  # at most one F slot per row
                 zI = torch.where(isI, v / (sigma_I + eps) * cfg.ig_weight + outcome_of_row, N)
-                if bool(isI.any()):
-                    ig_over_std = (v / (sigma_I + eps))[isI]
+                if sel_I.numel():
+                    ig_over_std = (v / (sigma_I + eps)).reshape(-1)[sel_I]
                     metrics["igpo/ig_mean_over_std"] = float(ig_over_std.mean())
             else:
-                zI, _ = _group_z(v, isI, i_key, i_keys, divide, eps)
+                zI, _ = _group_z(v, sel_I, keys_I, i_keys, divide, eps)
             if cfg.norm_mode == "scaled_separate":
-                num = max(float(zF[isF].abs().mean()), cfg.scale_floor) if bool(isF.any()) else 1.0
-                den = float(zI[isI].abs().mean()) + eps if bool(isI.any()) else 1.0
+                zF_abs_mean = float(zF.view(-1)[sel_F].abs().mean()) if sel_F.numel() else None
+                num = max(zF_abs_mean, cfg.scale_floor) if zF_abs_mean is not None else 1.0
+                den = float(zI.view(-1)[sel_I].abs().mean()) + eps if sel_I.numel() else 1.0
                 scale = min(num / den, cfg.scale_cap)
                 metrics["igpo/ig_scale"] = scale
-                metrics["igpo/outcome_norm_abs_mean"] = float(zF[isF].abs().mean()) if bool(isF.any()) else 0.0
+                metrics["igpo/outcome_norm_abs_mean"] = zF_abs_mean if zF_abs_mean is not None else 0.0
                 zI = zI * scale
-                metrics["igpo/ig_norm_abs_mean"] = float(zI[isI].abs().mean()) if bool(isI.any()) else 0.0
+                metrics["igpo/ig_norm_abs_mean"] = float(zI.view(-1)[sel_I].abs().mean()) if sel_I.numel() else 0.0
             N = torch.where(isF, zF, torch.where(isI, zI, N))
         if not raw_ig:
             N = torch.where(isI, N * cfg.ig_weight, N)
@@ -275,44 +448,23 @@ def compute_igpo_advantage(
         A = _discounted_scan(normalize(r) + pen, gamma)
     else:
         returns_raw = _discounted_scan(torch.where(isF | isI, r, torch.zeros_like(r)), gamma)[:, :K_max]
-        A = torch.zeros(B, K_max + 1, dtype=f64)
+        A = torch.zeros(B, K_max + 1, dtype=f64, device=dev)
         A[:, :K_max] = normalize(returns_raw)
         A = A + _discounted_scan(pen, gamma)
     if not bool(torch.isfinite(A).all()):
         raise RuntimeError("IGPO advantage became non-finite (overflow in rewards or weights); refusing to return NaN.")
 
-    # Broadcast: segment k of row i (tokens P_{k-1}+1 .. P_k) gets A[i, k]; a tail segment after the last boundary
-    # gets 0. Segments of all rows, in row-major order, tile the flattened [B*L] tensor exactly once.
-    nnz = rows.numel()
-    flat_slot = torch.arange(nnz) + rows  # each earlier row contributes one extra (tail) segment
-    tail_slot = torch.cumsum(K, 0) + torch.arange(B)
-    seg_vals = torch.zeros(nnz + B, dtype=f64)
-    seg_vals[flat_slot] = A[rows, slot]
-    prev_col = torch.full_like(cols, -1)
-    if nnz > 1:
-        prev_col[1:] = torch.where(rows[1:] == rows[:-1], cols[:-1], prev_col[1:])
-    last_col = torch.where(K > 0, cols[(start + K - 1).clamp(min=0, max=max(nnz - 1, 0))] if nnz else -1, -1)
-    seg_len = torch.zeros(nnz + B, dtype=torch.long)
-    seg_len[flat_slot] = cols - prev_col
-    seg_len[tail_slot] = L - 1 - last_col
-    advantages = torch.repeat_interleave(seg_vals.to(rewards.dtype), seg_len, output_size=B * L).view(B, L)
-    # Masked tokens per segment (exact in float32: a segment is shorter than 2**24 tokens): for the metrics, and to
-    # skip the masking pass when no segment has a hole.
-    seg_tokens = torch.segment_reduce(response_mask.reshape(-1).to(torch.float32), "sum",
-                                      lengths=seg_len).to(f64)
-    if bool((seg_tokens[flat_slot] != seg_len[flat_slot]).any()):
-        advantages = torch.where(response_mask, advantages, torch.zeros((), dtype=rewards.dtype))
-    tokens = torch.zeros(B, K_max + 1, dtype=f64)
-    tokens[rows, slot] = seg_tokens[flat_slot]
+    tokens = _broadcast(A, rows, slot, blocks, out, arena)
+    advantages = out
 
     # Metrics (§2.7), computed on the slot tensors; token statistics through per-segment token counts.
-    _metrics_into(metrics, r, isF, isI, isP, g, num_groups, K, gamma, A, tokens)
+    _metrics_into(metrics, r, isF, isI, isP, sel_F, sel_I, g, num_groups, K, gamma, A, tokens)
     return advantages, advantages, metrics
 
 
-def _metrics_into(metrics, r, isF, isI, isP, g, num_groups, K, gamma, A, tokens):
+def _metrics_into(metrics, r, isF, isI, isP, sel_F, sel_I, g, num_groups, K, gamma, A, tokens):
     B = r.shape[0]
-    ig_vals = r[isI]
+    ig_vals = r.view(-1)[sel_I]
     active = isI.any(dim=1)
     metrics["igpo/ig_active_samples"] = float(active.sum())
     metrics["igpo/ig_active_ratio"] = float(active.sum()) / max(B, 1)
@@ -325,13 +477,14 @@ def _metrics_into(metrics, r, isF, isI, isP, g, num_groups, K, gamma, A, tokens)
         metrics["igpo/raw_ig_positive_ratio"] = float((ig_vals > 0).to(r.dtype).mean())
         metrics["igpo/raw_ig_negative_count"] = float((ig_vals < 0).sum())
         metrics["igpo/raw_ig_abs_mean"] = float(ig_vals.abs().mean())
-    outcome = r[isF]
+    outcome = r.view(-1)[sel_F]
     metrics["igpo/outcome_reward_mean"] = float(outcome.mean()) if outcome.numel() else 0.0
     # Groups with more than one outcome whose outcomes are all equal: GRPO gives them no signal, IG still does.
-    og = g[:, None].expand_as(isF)[isF]
+    og = g[sel_F // max(isF.shape[1], 1)]
     n = torch.bincount(og, minlength=num_groups).to(r.dtype)
-    mu = torch.zeros(num_groups, dtype=r.dtype).index_add_(0, og, outcome) / n.clamp(min=1)
-    var = torch.zeros(num_groups, dtype=r.dtype).index_add_(0, og, (outcome - mu[og]) ** 2) / n.clamp(min=1)
+    mu = torch.zeros(num_groups, dtype=r.dtype, device=r.device).index_add_(0, og, outcome) / n.clamp(min=1)
+    var = torch.zeros(num_groups, dtype=r.dtype, device=r.device).index_add_(0, og, (outcome - mu[og]) ** 2)
+    var = var / n.clamp(min=1)
     multi = n > 1
     metrics["igpo/all_same_outcome_ratio"] = (
         float((multi & (var.sqrt() < 1e-6)).sum()) / float(multi.sum()) if bool(multi.any()) else 0.0
@@ -353,10 +506,10 @@ def _metrics_into(metrics, r, isF, isI, isP, g, num_groups, K, gamma, A, tokens)
         metrics["igpo/adv_std"] = math.sqrt(max(float((tokens * (A - mean) ** 2).sum()) / total, 0.0))
         metrics["igpo/adv_positive_ratio"] = float((tokens * (A > 0)).sum()) / total
     K_max = isF.shape[1]
-    if bool(isI.any()):
-        metrics["igpo/adv_ig_positions_mean"] = float(A[:, :K_max][isI].mean())
-    if bool(isF.any()):
-        metrics["igpo/adv_f1_positions_mean"] = float(A[:, :K_max][isF].mean())
+    if sel_I.numel():
+        metrics["igpo/adv_ig_positions_mean"] = float(A[:, :K_max].reshape(-1)[sel_I].mean())
+    if sel_F.numel():
+        metrics["igpo/adv_f1_positions_mean"] = float(A[:, :K_max].reshape(-1)[sel_F].mean())
 
 
 class WarmupGate:
