@@ -1,0 +1,601 @@
+"""Warm-start the tiny CPU demo model so that it really searches (supervised, about a minute on two CPU threads).
+
+A random model never writes a well-formed tool call, so the CPU demo's trajectories would be malformed turns with
+nothing for information gain to measure. This module teaches the tiny model the agent protocol on synthetic
+search-then-answer trajectories built from the local corpus (``igpo.demo_data`` questions):
+
+    prompt (system + user, generation prompt)
+    -> <tool_call>{"name": "search", "arguments": {"query": ["<snippet>"]}}</tool_call><|im_end|>     (trained)
+    -> observation: the local backend's rendered search result, as the loop frames and truncates it  (not trained)
+    -> <answer>T</answer><|im_end|>                                                                 (trained)
+
+Sequences are assembled from the agent loop's own pieces (its ``ChatFrame`` frames and truncates the observation;
+the tool service runs in-process on the local BM25 backend), and the first few are replayed through the real
+``IGPOAgentLoop`` with a scripted server and must match token for token, loss mask included: the training sequences
+are what the loop builds during RL. Training minimises the masked next-token loss
+
+    L = - sum_t m_t log pi(x_t | x_<t) / sum_t m_t,     m_t = 1 on assistant tokens (the loop's response_mask)
+
+with AdamW for a fixed step budget capped by wall time. All sequences share the system prompt (~650 of ~840
+tokens), so its key/value states are computed once per step (batch 1, with gradient) and broadcast to the batch:
+the same loss and gradients at a fraction of the compute. The result is cached: a stamp records every input (this
+module's code, the base weights, the exact training token sequences, the config).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import json
+import math
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from igpo.demo_data import DemoDataConfig, DemoQuestion, build_questions, load_passages, split_passages
+
+STAMP = "igpo_warmstart.json"
+# The probe that the evaluation (and the demo, via algorithm.igpo.answer_template_*) scores: the answer turn the
+# warm-start teaches, so P(gt) is read in the format the model actually answers in.
+ANSWER_PREFIX, ANSWER_SUFFIX = "<answer>", "</answer>"
+
+
+@dataclass(frozen=True)
+class WarmStartConfig:
+    """Knobs of the warm-start. The agent-loop sizes must equal the demo run's ``algorithm.igpo.agent`` values
+    (and rollout lengths), or the training sequences differ from the rollouts (observations cut elsewhere).
+
+    max_steps / seconds: training stops after max_steps, or earlier when the wall-time cap is reached (building the
+        data is not counted). 600 steps of batch 8 take ~60 s on two idle cores (~0.1 s/step) and give ~97% well-formed
+        first search calls; a step-bound run is reproducible, a time-cut one depends on the machine.
+    batch_size, lr, warmup_steps, weight_decay, grad_clip: AdamW; linear warm-up, then linear decay to 0.1 lr
+        at the end of the budget (by wall time or steps, whichever is further along).
+    threads: torch CPU threads while training (restored afterwards).
+    examples_per_passage: synthetic questions per training passage, each with its own random snippet.
+    max_turns, max_tokens_per_turn, max_observation_tokens, prompt_length, response_length: the loop's sizes (CPU
+        demo). max_turns >= 3: with 2 the loop appends the answer-now instruction to the only observation.
+    verify_examples: how many synthetic sequences are replayed through the real agent loop as a check.
+    data: how snippets are drawn and which passages are held out (never trained on).
+    """
+
+    seconds: float = 180.0
+    max_steps: int = 600
+    batch_size: int = 8
+    lr: float = 1e-2
+    warmup_steps: int = 10
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    threads: int = 2
+    examples_per_passage: int = 2
+    seed: int = 0
+    max_turns: int = 4
+    max_tokens_per_turn: int = 64
+    max_observation_tokens: int = 96
+    verify_examples: int = 8
+    prompt_length: int = 1024
+    response_length: int = 512
+    data: DemoDataConfig = field(default_factory=DemoDataConfig)
+
+    def __post_init__(self):
+        def fail(name: str, rule: str) -> ValueError:
+            return ValueError(f"warm-start: {name}={getattr(self, name)!r}: {rule}")
+
+        if not (self.seconds > 0 and math.isfinite(self.seconds)):
+            raise fail("seconds", "must be a finite number of seconds > 0 (e.g. 180)")
+        for name in ("max_steps", "batch_size", "threads", "examples_per_passage", "max_tokens_per_turn",
+                     "prompt_length", "response_length", "verify_examples"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise fail(name, "must be an integer >= 1")
+        if not isinstance(self.max_turns, int) or self.max_turns < 3:
+            raise fail("max_turns", "must be an integer >= 3 (the demo's algorithm.igpo.agent.max_turns): with 2 the "
+                       "loop appends the answer-now instruction to the only observation")
+        if not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
+            raise fail("warmup_steps", "must be an integer >= 0 (0 = no warm-up)")
+        if not (0 < self.lr < 1):
+            raise fail("lr", "must be in (0, 1); 1e-2 suits the tiny model")
+        if not self.weight_decay >= 0:
+            raise fail("weight_decay", "must be >= 0")
+        if not self.grad_clip > 0:
+            raise fail("grad_clip", "must be > 0 (the max gradient norm)")
+        if not isinstance(self.max_observation_tokens, int) or self.max_observation_tokens < 32:
+            raise fail("max_observation_tokens", "must be an integer >= 32, as algorithm.igpo.agent requires")
+
+    def agent_section(self) -> dict[str, Any]:
+        return {"max_tokens_per_turn": self.max_tokens_per_turn, "max_observation_tokens": self.max_observation_tokens}
+
+
+@dataclass(frozen=True)
+class Example:
+    """One training sequence: prompt + response ids, and the loss mask m (1 on assistant tokens)."""
+
+    ids: tuple[int, ...]
+    mask: tuple[int, ...]
+
+
+# ---------------------------------------------------------------------------------------------------- tools + loop
+
+
+class LocalTools:
+    """The tool service on the local BM25 backend, called in-process with the HTTP client's semantics.
+
+    ``call`` validates arguments exactly as ``tool_server.client.ToolClient`` does and returns its ``ToolResult``,
+    so the observation text equals what the loop receives from a running server.
+    """
+
+    def __init__(self, corpus: str | Path):
+        from tool_server.app import build_service
+        from tool_server.config import ServerConfig
+
+        self.config = ServerConfig(backend="local", corpus=Path(corpus))
+        self.service = build_service(self.config)
+
+    async def call(self, name: str, arguments: dict) -> Any:
+        from tool_server.client import ToolResult, _BadCall, _request_for
+
+        start = time.monotonic()
+        try:
+            path, payload = _request_for(name, arguments)
+        except _BadCall as err:
+            return ToolResult(False, f"[{name} call rejected: {err}]", "bad_request", time.monotonic() - start)
+        if path == "/tools/search":
+            response = await self.service.search(payload["queries"], payload.get("topk", self.config.default_topk))
+        else:
+            response = await self.service.visit(payload["urls"], payload["goal"])
+        kind = None if response.error is None else response.error.kind
+        return ToolResult(response.ok, response.text, "infra" if kind == "budget" else kind,
+                          time.monotonic() - start)
+
+    def close(self) -> None:
+        self.service.cache.close()
+
+
+def _model_type(model_dir: Path) -> str | None:
+    """``model_type`` of a checkpoint's config.json (verl picks its token builder by it)."""
+    return json.loads((Path(model_dir) / "config.json").read_text()).get("model_type")
+
+
+def _make_loop(tokenizer: Any, server: Any, tools: Any, config: WarmStartConfig, *, max_turns: int,
+               scoring: bool, model_type: str | None) -> Any:
+    from omegaconf import OmegaConf
+    from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
+
+    from igpo.agent_loop import IGPOAgentLoop
+
+    igpo: dict[str, Any] = {"agent": {**config.agent_section(), "max_turns": max_turns}}
+    if scoring:
+        igpo.update(score_on="rollout", ig_tool_filter="", answer_template_prefix=ANSWER_PREFIX,
+                    answer_template_suffix=ANSWER_SUFFIX)
+    trainer_config = OmegaConf.create({
+        "actor_rollout_ref": {"rollout": {"prompt_length": config.prompt_length,
+                                          "response_length": config.response_length}},
+        "algorithm": {"igpo": igpo},
+    })
+    return IGPOAgentLoop(
+        trainer_config=DictConfigWrap(trainer_config), server_manager=server, tokenizer=tokenizer, processor=None,
+        dataset_cls=None, data_config=DictConfigWrap(OmegaConf.create({})), hf_model_type=model_type,
+        tools=ToolListWrap([]), tool_caller=tools,
+    )
+
+
+def _loop_kwargs(question: DemoQuestion, index: int) -> dict[str, Any]:
+    return {"raw_prompt": [{"role": "user", "content": question.question}],
+            "reward_model": {"ground_truth": question.answer}, "data_source": "corpus_title", "extra_info": {},
+            "index": index, "uid": f"warmstart-{index}", "global_steps": 0}
+
+
+def search_turn(query: str) -> str:
+    """The assistant's tool-calling turn (without the end-of-turn token)."""
+    call = {"name": "search", "arguments": {"query": [query]}}
+    return f"<tool_call>{json.dumps(call, ensure_ascii=False)}</tool_call>"
+
+
+def answer_turn(answer: str) -> str:
+    return f"<answer>{answer}</answer>"
+
+
+class _ScriptedServer:
+    """Plays the assistant's turns of one trajectory: a search for the snippet, then the answer."""
+
+    def __init__(self, tokenizer: Any, turns: list[str], eot_id: int):
+        self.turns = [tokenizer.encode(t, add_special_tokens=False) + [eot_id] for t in turns]
+        self.calls = 0
+
+    async def generate(self, *, request_id: str, prompt_ids: list[int], sampling_params: dict, **_: Any) -> Any:
+        from verl.workers.rollout.replica import TokenOutput
+
+        ids = self.turns[self.calls]
+        self.calls += 1
+        if len(ids) > sampling_params["max_tokens"]:
+            raise ValueError(f"warm-start: a scripted turn of {len(ids)} tokens exceeds max_tokens_per_turn="
+                             f"{sampling_params['max_tokens']}")
+        return TokenOutput(token_ids=list(ids), log_probs=[0.0] * len(ids))
+
+
+def _encode_prompts(tokenizer: Any, user_messages: list[str]) -> list[list[int]]:
+    """Token ids of the loop's prompt (default system prompt + user message + generation prompt) for each message.
+
+    The text before the user turn's ``<|im_start|>`` is the same for every message and the tokenizer splits at that
+    control token, so it is encoded once (the system prompt is ~90% of every prompt). The replay check in
+    ``build_examples`` confirms the ids equal the loop's.
+    """
+    from igpo import protocol
+
+    texts = [tokenizer.apply_chat_template(
+        [{"role": "system", "content": protocol.DEFAULT_SYSTEM_PROMPT}, {"role": "user", "content": message}],
+        tokenize=False, add_generation_prompt=True) for message in user_messages]
+    marker = "<|im_start|>"
+    heads = {text[: text.rfind(marker, 0, text.rfind(message)) + len(marker)] for text, message in
+             zip(texts, user_messages)}
+    if len(heads) != 1 or marker not in next(iter(heads)):  # not ChatML: encode every prompt whole
+        return tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
+    head = next(iter(heads))
+    head_ids = tokenizer.encode(head, add_special_tokens=False)
+    tails = tokenizer([text[len(head):] for text in texts], add_special_tokens=False)["input_ids"]
+    return [head_ids + tail for tail in tails]
+
+
+def build_examples(tokenizer: Any, tools: LocalTools, questions: list[DemoQuestion], config: WarmStartConfig,
+                   model_type: str | None = None) -> tuple[list[Example], dict[str, int]]:
+    """Search-then-answer sequences in the agent loop's exact layout; returns (examples, counts of skips).
+
+    Sequences are assembled from the loop's own pieces (its ``ChatFrame`` frames and truncates the observation),
+    tokenised in batches; the first ``config.verify_examples`` are then replayed through the real ``IGPOAgentLoop``
+    and must match token for token, mask included (a mismatch raises: the layout drifted from the loop).
+    A question is skipped when its tool call does not fit ``max_tokens_per_turn`` or when the answer is not visible
+    in the (possibly truncated) observation: training it would teach the model to answer from nowhere.
+    """
+    from igpo.agent_loop import ChatFrame
+
+    frame = ChatFrame.build(tokenizer, {})
+    eot = [frame.eot_id]
+
+    def encode(texts: list[str], **kwargs: Any) -> list[list[int]]:
+        return tokenizer(texts, add_special_tokens=False, **kwargs)["input_ids"] if texts else []
+
+    prompts = _encode_prompts(tokenizer, [q.question for q in questions])
+    calls = encode([search_turn(q.snippet) for q in questions])
+    answers = encode([answer_turn(q.answer) for q in questions])
+
+    async def search_all() -> list[Any]:
+        return [await tools.call("search", {"query": [q.snippet]}) for q in questions]
+
+    results = asyncio.run(search_all())
+    # Tool output is untrusted text: control-token text in it stays plain text, as in the loop.
+    contents = encode([r.text for r in results], split_special_tokens=True)
+    pairs: list[tuple[DemoQuestion, Example]] = []
+    skipped = {"call_too_long": 0, "answer_not_shown": 0}
+    for q, prompt, call, answer, content, result in zip(questions, prompts, calls, answers, contents, results):
+        # The loop's budget rule: a tool turn, a worst-case observation and a final turn must fit its context
+        # limit, or it would force the answer at once (a different prompt).
+        limit = min(config.prompt_length + config.response_length, len(prompt) + config.response_length)
+        need = len(prompt) + 2 * (config.max_tokens_per_turn + 1) + config.max_observation_tokens + frame.max_frame_len
+        if not result.ok or len(prompt) > config.prompt_length or need > limit:
+            raise ValueError(f"warm-start: question {q.question!r} does not fit the loop sizes (prompt {len(prompt)} "
+                             f"tokens, search ok={result.ok}); raise prompt_length/response_length")
+        if len(call) + 1 > config.max_tokens_per_turn:
+            skipped["call_too_long"] += 1
+            continue
+        observation = frame.observation(content, None, config.max_observation_tokens, tokenizer)
+        if f"[{q.answer}]" not in tokenizer.decode(observation):
+            skipped["answer_not_shown"] += 1
+            continue
+        turns = (call + eot, observation, answer + eot)
+        pairs.append((q, Example(tuple(prompt) + tuple(t for turn in turns for t in turn),
+                                 (0,) * len(prompt) + tuple(m for turn, m in zip(turns, (1, 0, 1)) for _ in turn))))
+    _verify_against_loop(tokenizer, tools, pairs[: config.verify_examples], config, model_type)
+    return [example for _, example in pairs], skipped
+
+
+def _verify_against_loop(tokenizer: Any, tools: LocalTools, pairs: list[tuple[DemoQuestion, Example]],
+                         config: WarmStartConfig, model_type: str | None) -> None:
+    """Replay (question, example) pairs through ``IGPOAgentLoop`` (scripted turns); require identical ids and masks."""
+    eot_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
+
+    async def replay(index: int, question: DemoQuestion) -> Example:
+        server = _ScriptedServer(tokenizer, [search_turn(question.snippet), answer_turn(question.answer)], eot_id)
+        loop = _make_loop(tokenizer, server, tools, config, max_turns=config.max_turns, scoring=False,
+                          model_type=model_type)
+        out = await loop.run({"temperature": 1.0}, **_loop_kwargs(question, index))
+        return Example(tuple(out.prompt_ids) + tuple(out.response_ids),
+                       (0,) * len(out.prompt_ids) + tuple(out.response_mask))
+
+    async def replay_all() -> list[Example]:
+        return [await replay(i, q) for i, (q, _) in enumerate(pairs)]
+
+    for (question, built), rolled in zip(pairs, asyncio.run(replay_all())):
+        if built != rolled:
+            raise AssertionError(
+                f"warm-start: the synthetic sequence for {question.question!r} differs from the agent loop's rollout "
+                "of the same turns (the loop's prompt or observation layout changed); fix build_examples")
+
+
+# ---------------------------------------------------------------------------------------------------- training
+
+
+def _shared_prefix_len(examples: list[Example]) -> int:
+    """Length of the token prefix common to every example, stopping before the first trained token."""
+    first = examples[0]
+    n = min(len(e.ids) for e in examples) - 1
+    for e in examples[1:]:
+        k = 0
+        while k < n and e.ids[k] == first.ids[k]:
+            k += 1
+        n = k
+    trained = min(e.mask.index(1) for e in examples)
+    return min(n, trained)
+
+
+def masked_lm_loss(model: Any, batch: list[Example], prefix_len: int):
+    """L = -sum_t m_t log pi(x_t | x_<t) / sum_t m_t over the batch, with the shared prefix encoded once.
+
+    The prefix ``ids[:prefix_len]`` (identical in every example, no trained token) runs at batch size 1; its
+    key/value states, expanded to the batch, are the cache for the right-padded suffixes. Gradients flow through
+    the expansion, so this equals the full-sequence loss.
+    """
+    import torch
+    from transformers import DynamicCache
+
+    size = len(batch)
+    width = max(len(e.ids) for e in batch) - prefix_len
+    suffix = torch.zeros((size, width), dtype=torch.long)  # pad id 0: padded positions have m = 0
+    mask = torch.zeros((size, width), dtype=torch.float32)
+    for row, example in enumerate(batch):
+        tail = example.ids[prefix_len:]
+        suffix[row, : len(tail)] = torch.tensor(tail)
+        mask[row, : len(tail)] = torch.tensor(example.mask[prefix_len:], dtype=torch.float32)
+    prefix = torch.tensor(batch[0].ids[:prefix_len])[None, :]
+    cache = model(input_ids=prefix, use_cache=True).past_key_values
+    expanded = DynamicCache(ddp_cache_data=[
+        (layer.keys.expand(size, -1, -1, -1), layer.values.expand(size, -1, -1, -1)) for layer in cache.layers
+    ])
+    positions = (prefix_len + torch.arange(width))[None, :].expand(size, -1)
+    # Right padding: real tokens never attend to the later pad tokens under the causal mask; pads carry m = 0.
+    logits = model(input_ids=suffix, past_key_values=expanded, position_ids=positions, use_cache=True).logits
+    log_probs = logits[:, :-1].float().log_softmax(-1).gather(-1, suffix[:, 1:, None]).squeeze(-1)
+    # Token prefix_len is predicted from the prefix's last position; it is prompt text (m = 0), checked below.
+    if float(mask[:, 0].sum()) != 0:
+        raise AssertionError("warm-start: the shared prefix ends inside an assistant turn")
+    target_mask = mask[:, 1:]
+    return -(log_probs * target_mask).sum() / target_mask.sum()
+
+
+def train(model: Any, examples: list[Example], config: WarmStartConfig) -> list[float]:
+    """AdamW on the masked loss until ``seconds`` or ``max_steps``; returns the loss of every step."""
+    import torch
+
+    prefix_len = _shared_prefix_len(examples)
+    rng = random.Random(config.seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    model.train()
+    order: list[int] = []
+    losses: list[float] = []
+    start = time.monotonic()
+    while True:
+        # Progress p in [0, 1] is the larger of the spent wall-time and step fractions; the budget ends at p = 1.
+        progress = max((time.monotonic() - start) / config.seconds, len(losses) / config.max_steps)
+        if progress >= 1.0:
+            break
+        # Linear warm-up, then linear decay to 10% at the end of the budget: the last steps settle the format.
+        scale = min(1.0, (len(losses) + 1) / (config.warmup_steps + 1)) * max(0.1, 1.0 - progress)
+        for group in optimizer.param_groups:
+            group["lr"] = config.lr * scale
+        if len(order) < config.batch_size:  # a fresh shuffled epoch
+            order = list(range(len(examples)))
+            rng.shuffle(order)
+        batch = [examples[order.pop()] for _ in range(min(config.batch_size, len(examples)))]
+        loss = masked_lm_loss(model, batch, prefix_len)
+        if not torch.isfinite(loss):
+            raise FloatingPointError(f"warm-start: the loss became {float(loss)} at step {len(losses)}; lower lr "
+                                     f"(now {config.lr})")
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+        optimizer.step()
+        losses.append(loss.item())
+    model.eval()
+    return losses
+
+
+# ---------------------------------------------------------------------------------------------------- entry point
+
+
+def _fingerprint(model_dir: Path, examples: list[Example], config: WarmStartConfig) -> str:
+    """Every input of the result: this module's code, the base checkpoint's files, the exact training sequences
+    (which capture the corpus, the protocol, the tool rendering and the tokenizer) and the config."""
+    digest = hashlib.sha256(Path(__file__).read_bytes())
+    digest.update(json.dumps(asdict(config), sort_keys=True).encode())
+    for path in sorted(p for p in model_dir.iterdir() if p.is_file() and p.name != STAMP):
+        digest.update(path.name.encode())
+        digest.update(path.read_bytes())
+    for example in examples:
+        digest.update(json.dumps([example.ids, example.mask]).encode())
+    return digest.hexdigest()[:16]
+
+
+def training_questions(corpus: Path, tools: LocalTools, config: WarmStartConfig) -> list[DemoQuestion]:
+    """``examples_per_passage`` questions per training passage (held-out passages excluded), distinct snippets."""
+    train_passages, _ = split_passages(load_passages(corpus), config.data)
+    questions = []
+    for k in range(config.examples_per_passage):
+        questions += build_questions(train_passages, tools.service.backend, config.data, salt=1000 + k)
+    return questions
+
+
+def heldout_questions(corpus: Path, tools: LocalTools, config: WarmStartConfig) -> list[DemoQuestion]:
+    """The validation questions of ``igpo.demo_data`` (the passages the warm-start never trains on)."""
+    _, val_passages = split_passages(load_passages(corpus), config.data)
+    return build_questions(val_passages, tools.service.backend, config.data)
+
+
+def warm_start(model_dir: str | Path, corpus: str | Path, out_dir: str | Path, *, seconds: float | None = None,
+               seed: int | None = None, config: WarmStartConfig | None = None) -> Path:
+    """Warm-start the checkpoint in ``model_dir`` on synthetic search-then-answer trajectories; save to ``out_dir``.
+
+    Args:
+        model_dir: a Hugging Face causal-LM checkpoint with its tokenizer (e.g. ``igpo.tiny_model`` output).
+        corpus: the local JSONL corpus the demo's tool server searches.
+        out_dir: where the trained checkpoint + tokenizer go; returned unchanged when its stamp matches the inputs.
+        seconds, seed: when given, override ``config.seconds`` / ``config.seed`` (the CLI's knobs).
+        config: everything else; defaults to ``WarmStartConfig()`` (the CPU demo's sizes).
+    Returns:
+        ``out_dir``, loadable with ``AutoModelForCausalLM`` / ``AutoTokenizer``. Its stamp holds the loss curve.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    config = config or WarmStartConfig()
+    overrides = {k: v for k, v in (("seconds", seconds), ("seed", seed)) if v is not None}
+    config = dataclasses.replace(config, **overrides)
+    model_dir, corpus, out_dir = Path(model_dir), Path(corpus), Path(out_dir)
+    if not (model_dir / "config.json").is_file():
+        raise FileNotFoundError(f"warm-start: {model_dir} is not a Hugging Face checkpoint (no config.json); build "
+                                "one with python -m igpo.tiny_model --out DIR --corpus FILE")
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tools = LocalTools(corpus)
+    try:
+        examples, skipped = build_examples(tokenizer, tools, training_questions(corpus, tools, config), config,
+                                           _model_type(model_dir))
+    finally:
+        tools.close()
+    if not examples:
+        raise ValueError(f"warm-start: no usable training trajectory from {corpus} (skipped: {skipped}); raise "
+                         "max_tokens_per_turn / max_observation_tokens")
+    fingerprint = _fingerprint(model_dir, examples, config)
+    stamp = out_dir / STAMP
+    if stamp.is_file() and json.loads(stamp.read_text()).get("fingerprint") == fingerprint:
+        return out_dir
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(config.threads)
+    try:
+        torch.manual_seed(config.seed)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        start = time.monotonic()
+        losses = train(model, examples, config)
+        elapsed = time.monotonic() - start
+    finally:
+        torch.set_num_threads(threads)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stamp.unlink(missing_ok=True)  # a half-written directory must not look finished
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    head, tail = losses[: min(5, len(losses))], losses[-min(5, len(losses)):]
+    report = {
+        "fingerprint": fingerprint, "base": str(model_dir), "config": asdict(config), "examples": len(examples),
+        "skipped": skipped, "steps": len(losses), "train_seconds": round(elapsed, 1),
+        "loss_start": sum(head) / len(head), "loss_end": sum(tail) / len(tail), "losses": losses,
+    }
+    stamp.write_text(json.dumps(report, indent=1))
+    return out_dir
+
+
+# ---------------------------------------------------------------------------------------------------- measurement
+
+
+@dataclass(frozen=True)
+class ProtocolReport:
+    """What sampling (temperature 1) through the agent loop shows about a checkpoint.
+
+    search_first: share of trajectories whose first turn is a well-formed search call (format check passes).
+    found: share whose first search shows the ground-truth title in its observation.
+    answer_after_observation: share that end with an ``<answer>`` turn after at least one observation.
+    exact: share whose final answer equals the ground truth.
+    ig_first_search: mean l_1 - l_0 over trajectories whose first turn was a search, where
+        l_s = mean log pi(gt tokens | context[:b_s], <answer>) (the loop's rollout-side scoring).
+    ig_positive: share of those with l_1 - l_0 > 0.
+    """
+
+    n: int
+    search_first: float
+    found: float
+    answer_after_observation: float
+    exact: float
+    ig_first_search: float | None
+    ig_positive: float | None
+
+
+def measure(model_dir: str | Path, corpus: str | Path, *, n: int = 32, seed: int = 0,
+            config: WarmStartConfig | None = None, max_turns: int = 4) -> ProtocolReport:
+    """Roll out ``n`` held-out demo questions with ``HFRolloutServer`` + ``IGPOAgentLoop`` (Ray-free) and report."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from igpo.cpu.hf_rollout import HFRolloutServer
+
+    config = config or WarmStartConfig()
+    corpus = Path(corpus)
+    tools = LocalTools(corpus)
+    threads = torch.get_num_threads()
+    try:
+        questions = heldout_questions(corpus, tools, config)
+        questions = [questions[i % len(questions)] for i in range(n)]
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        server = HFRolloutServer(str(model_dir), max_model_len=config.prompt_length + config.response_length,
+                                 response_length=config.response_length)
+        torch.set_num_threads(config.threads)  # the server picks its own thread count; this is a one-off measure
+        torch.manual_seed(seed)
+
+        async def run_all() -> list[Any]:
+            params = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "logprobs": True}
+            return await asyncio.gather(*(
+                _make_loop(tokenizer, server, tools, config, max_turns=max_turns, scoring=True,
+                           model_type=_model_type(Path(model_dir)))
+                .run(params, **_loop_kwargs(q, i)) for i, q in enumerate(questions)))
+
+        outputs = asyncio.run(run_all())
+    finally:
+        torch.set_num_threads(threads)
+        tools.close()
+
+    search_first = found = answered = exact = 0
+    gains: list[float] = []
+    for question, out in zip(questions, outputs):
+        extra = out.extra_fields
+        if extra["igpo_tool_names"][:1] == ["search"] and extra["igpo_turn_format_ok"][0]:
+            search_first += 1
+            observation = tokenizer.decode(out.response_ids[extra["igpo_turn_ends"][0] + 1:])
+            found += f"[{question.answer}]" in observation.split("</tool_response>")[0]
+            scores = extra["igpo_answer_logprobs"]
+            if len(scores) > 1 and scores[0] is not None and scores[1] is not None:
+                gains.append(scores[1][0] - scores[0][0])
+        answered += extra["igpo_stop_reason"] == "answer" and extra["igpo_num_turns"] >= 2
+        exact += extra["igpo_final_answer"] == question.answer
+    return ProtocolReport(
+        n=n, search_first=search_first / n, found=found / n, answer_after_observation=answered / n, exact=exact / n,
+        ig_first_search=sum(gains) / len(gains) if gains else None,
+        ig_positive=sum(g > 0 for g in gains) / len(gains) if gains else None,
+    )
+
+
+def main() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--base", required=True, help="checkpoint to start from (python -m igpo.tiny_model output)")
+    parser.add_argument("--corpus", required=True, help="JSONL corpus, e.g. data/wiki_passages_1000.jsonl")
+    parser.add_argument("--out", required=True, help="output checkpoint directory (reused when up to date)")
+    parser.add_argument("--steps", type=int, default=WarmStartConfig.max_steps, help="training steps")
+    parser.add_argument("--seconds", type=float, default=WarmStartConfig.seconds,
+                        help="training wall-time cap; training stops at --steps or here, whichever comes first")
+    parser.add_argument("--seed", type=int, default=WarmStartConfig.seed)
+    parser.add_argument("--eval", type=int, default=0, metavar="N",
+                        help="also roll out N held-out questions with the base and the warm-started model")
+    args = parser.parse_args()
+    config = WarmStartConfig(max_steps=args.steps)
+    out = warm_start(args.base, args.corpus, args.out, seconds=args.seconds, seed=args.seed, config=config)
+    stamp = json.loads((Path(out) / STAMP).read_text())
+    print(f"warm-start: {stamp['examples']} sequences, {stamp['steps']} steps in {stamp['train_seconds']} s, "
+          f"loss {stamp['loss_start']:.3f} -> {stamp['loss_end']:.3f}")
+    if args.eval:
+        for name, path in (("base", args.base), ("warm", out)):
+            report = measure(path, args.corpus, n=args.eval, seed=args.seed, config=config)
+            print(f"warm-start eval ({name}): {asdict(report)}")
+    print(out)
+
+
+if __name__ == "__main__":
+    main()
