@@ -32,9 +32,19 @@ if [ "$GPUS" -gt 0 ]; then
 else
     CONFIG=cpu_demo
     export VERL_PLATFORM=cpu
-    MODEL_PATH="${MODEL_PATH:-$("$PY" -m igpo.tiny_model --out "$ROOT/.cache/tiny_model" --corpus "$ROOT/data/wiki_passages_1000.jsonl" 2>/dev/null | tail -n 1)}"
-    TRAIN_FILE="${TRAIN_FILE:-$ROOT/data/train_nq_256.parquet}"
-    VAL_FILE="${VAL_FILE:-$TRAIN_FILE}"
+    if [ -z "${MODEL_PATH:-}" ]; then
+        # A tiny random Qwen2 + local tokenizer, warm-started for ~1 minute on synthetic search-then-answer
+        # trajectories so that it issues real tool calls (both cached under .cache/).
+        echo "igpo: preparing the tiny demo model (first run: about two minutes; cached afterwards)"
+        CORPUS="$ROOT/data/wiki_passages_1000.jsonl"
+        PREP_LOG="$RUN_DIR/demo_model.log"
+        BASE=$("$PY" -m igpo.tiny_model --out "$ROOT/.cache/tiny_model" --corpus "$CORPUS" 2>>"$PREP_LOG" | tail -n 1) \
+            && MODEL_PATH=$("$PY" -m igpo.warmstart --base "$BASE" --corpus "$CORPUS" \
+                            --out "$ROOT/.cache/tiny_model_warm" 2>>"$PREP_LOG" | tail -n 1) \
+            || { echo "igpo: building the demo model failed; see $PREP_LOG:"; tail -n 20 "$PREP_LOG"; exit 1; }
+    fi
+    TRAIN_FILE="${TRAIN_FILE:-$ROOT/data/demo_train.parquet}"
+    VAL_FILE="${VAL_FILE:-$ROOT/data/demo_val.parquet}"
     TOOL_BACKEND="${TOOL_BACKEND:-local}"
     OVERRIDES=()
     echo "igpo: no GPU: running the CPU demo (configs/cpu_demo.yaml, tiny model at $MODEL_PATH)"
