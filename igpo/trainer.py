@@ -233,6 +233,12 @@ class IGPOTrainerSync(PPOTrainerSync):
                              "returns": response_to_nested(returns.float(), nested_mask)}, batch_size=len(batch))
         return tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=output)
 
+    def _compute_metrics(self, batch, metrics, timing_raw, global_steps, epoch):
+        super()._compute_metrics(batch, metrics, timing_raw, global_steps, epoch)
+        # The step's wall time is known only now; actor-side scoring is IGPO's main extra cost, so report its share.
+        if "timing_s/igpo_scoring" in metrics and timing_raw.get("step"):
+            metrics["igpo/scoring_step_share"] = metrics["timing_s/igpo_scoring"] / timing_raw["step"]
+
     @staticmethod
     def _rollout_metrics(extras: list[dict], num_turns: torch.Tensor, lengths: torch.Tensor) -> dict[str, float]:
         """Rollout health: infra errors (not the model's fault), forced finals, cut-offs, truncations."""

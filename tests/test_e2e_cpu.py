@@ -51,6 +51,8 @@ def test_train_igpo_sh_runs_two_steps_with_information_gain(tmp_path):
     assert re.search(r"igpo/raw_ig_mean:", log)
     agreement = [float(v) for v in re.findall(r"igpo/scoring_rollout_vs_actor_max_abs_diff:([0-9.eE+-]+|nan)", log)]
     assert len(agreement) == 2 and max(agreement) <= 1e-4, agreement
+    shares = [float(v) for v in re.findall(r"igpo/scoring_step_share:([0-9.eE+-]+)", log)]
+    assert len(shares) == 2 and all(0 < v < 1 for v in shares), shares
     # Weights really reach the rollout server: rollout and actor log-probs of sampled tokens agree.
     diffs = [float(v) for v in re.findall(r"training/rollout_probs_diff_max:([0-9.eE+-]+)", log)]
     assert diffs and max(diffs) < 1e-3, diffs
