@@ -134,12 +134,12 @@ class LocalTools:
         self.service = build_service(self.config)
 
     async def call(self, name: str, arguments: dict) -> Any:
-        from tool_server.client import ToolResult, _BadCall, _request_for
+        from tool_server.client import ToolResult, BadToolCall, tool_request
 
         start = time.monotonic()
         try:
-            path, payload = _request_for(name, arguments)
-        except _BadCall as err:
+            path, payload = tool_request(name, arguments)
+        except BadToolCall as err:
             return ToolResult(False, f"[{name} call rejected: {err}]", "bad_request", time.monotonic() - start)
         if path == "/tools/search":
             response = await self.service.search(payload["queries"], payload.get("topk", self.config.default_topk))

@@ -59,8 +59,8 @@ class ToolClient:
         """Validate, then POST to ``/tools/<name>``. ``arguments`` is read, never mutated."""
         start = time.monotonic()
         try:
-            path, payload = _request_for(name, arguments)
-        except _BadCall as exc:
+            path, payload = tool_request(name, arguments)
+        except BadToolCall as exc:
             return ToolResult(False, f"[{name} call rejected: {exc}]", "bad_request", time.monotonic() - start)
         for attempt in (1, 2):
             try:
@@ -112,32 +112,33 @@ class ToolClient:
         return ToolResult(False, text, "infra", time.monotonic() - start)
 
 
-class _BadCall(ValueError):
-    pass
+class BadToolCall(ValueError):
+    """The model's call cannot be sent: unknown tool or malformed arguments (a model error, not an infra one)."""
 
 
-def _request_for(name: str, arguments: dict) -> tuple[str, dict]:
+def tool_request(name: str, arguments: dict) -> tuple[str, dict]:
+    """The HTTP path and JSON body of a tool call, validated; shared by ``ToolClient`` and in-process callers."""
     if name not in TOOLS:
-        raise _BadCall(f"unknown tool {name!r}; available tools: {', '.join(TOOLS)}")
+        raise BadToolCall(f"unknown tool {name!r}; available tools: {', '.join(TOOLS)}")
     if not isinstance(arguments, dict):
-        raise _BadCall(f"arguments must be a JSON object, got {type(arguments).__name__}")
+        raise BadToolCall(f"arguments must be a JSON object, got {type(arguments).__name__}")
     allowed = _SEARCH_KEYS if name == "search" else _VISIT_KEYS
     unknown = sorted(str(k) for k in arguments if k not in allowed)
     if unknown:
-        raise _BadCall(f"unknown argument(s) {unknown}; {name} takes {sorted(allowed)}")
+        raise BadToolCall(f"unknown argument(s) {unknown}; {name} takes {sorted(allowed)}")
     if name == "search":
         queries = _str_list(arguments.get("query"), "query")
         payload: dict = {"queries": queries}
         if "topk" in arguments:
             topk = arguments["topk"]
             if not isinstance(topk, int) or isinstance(topk, bool) or topk < 1:
-                raise _BadCall(f"topk must be a positive integer, got {topk!r}")
+                raise BadToolCall(f"topk must be a positive integer, got {topk!r}")
             payload["topk"] = topk
         return "/tools/search", payload
     urls = _str_list(arguments.get("url"), "url")
     goal = arguments.get("goal")
     if not isinstance(goal, str) or not goal.strip():
-        raise _BadCall("visit needs 'goal': a non-empty string saying what to look for")
+        raise BadToolCall("visit needs 'goal': a non-empty string saying what to look for")
     return "/tools/visit", {"urls": urls, "goal": goal}
 
 
@@ -146,5 +147,5 @@ def _str_list(value, key: str) -> list[str]:
     if isinstance(value, str):
         value = [value]
     if not isinstance(value, list) or not value or not all(isinstance(v, str) and v.strip() for v in value):
-        raise _BadCall(f"'{key}' must be a non-empty string or a non-empty list of non-empty strings")
+        raise BadToolCall(f"'{key}' must be a non-empty string or a non-empty list of non-empty strings")
     return list(value)
