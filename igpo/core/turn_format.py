@@ -21,6 +21,7 @@ Final answer turn: non-empty; no tool_call or tool_response tags anywhere; exact
 
 from __future__ import annotations
 
+import json
 import re
 
 import json5
@@ -71,9 +72,13 @@ def tool_turn_violation(text: str, *, think_prefilled: bool = False) -> str | No
     if not body:
         return "empty tool call body"
     try:
-        call = json5.loads(body)
-    except ValueError as err:
-        return f"tool call body is not JSON: {err}"
+        # Strict JSON first: it is what models emit almost always and ~10x cheaper than json5 (a per-turn cost).
+        call = json.loads(body)
+    except ValueError:
+        try:
+            call = json5.loads(body)
+        except ValueError as err:
+            return f"tool call body is not JSON: {err}"
     if not isinstance(call, dict):
         return f"tool call body is a {type(call).__name__}, expected an object"
     if not isinstance(call.get("name"), str) or not call["name"].strip():
