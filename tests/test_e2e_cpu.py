@@ -59,6 +59,21 @@ def test_train_igpo_sh_runs_two_steps_with_information_gain(tmp_path):
     assert _ray_processes() <= before, "Ray processes outlived the run"
 
 
+def test_two_ranks_shard_actor_side_scoring_in_lockstep(tmp_path):
+    """Two FSDP2 ranks (gloo): each scores an equal share of trajectories; the results match the rollout side."""
+    env = {**os.environ, "OUTPUT_DIR": str(tmp_path / "run"), "IGPO_DEVICE": "cpu"}
+    env.pop("TOOL_SERVER_URL", None)
+    rc, out = _run(["bash", "train_igpo.sh", "trainer.total_training_steps=1", "trainer.n_gpus_per_node=2",
+                    "ray_kwargs.ray_init.num_gpus=2", "algorithm.igpo.verify_scoring=true",
+                    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
+                    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4",
+                    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2"], env, timeout=540)
+    log = (tmp_path / "run" / "train.log").read_text()
+    assert rc == 0, out[-4000:]
+    agreement = [float(v) for v in re.findall(r"igpo/scoring_rollout_vs_actor_max_abs_diff:([0-9.eE+-]+|nan)", log)]
+    assert len(agreement) == 1 and agreement[0] <= 1e-4, agreement
+
+
 def test_missing_model_path_is_a_clear_error():
     env = {**os.environ, "VERL_PLATFORM": "cpu"}
     rc, out = _run([sys.executable, "-m", "igpo.main", "--config-name", "cpu_demo",
