@@ -39,6 +39,20 @@ def check_config(config) -> None:
             IGPOConfig.from_algorithm(config.algorithm)
         except ValueError as error:
             raise ConfigError(str(error)) from None
+    reward_kwargs = (config.reward.get("custom_reward_function") or {}).get("reward_kwargs") or {}
+    reward_types = {reward_kwargs.get("train_reward_type", "f1"), *dict(reward_kwargs.get("reward_type_by_source")
+                                                                     or {}).values()}
+    if "llm" in reward_types:
+        from omegaconf import OmegaConf
+
+        from igpo.judge import JudgeConfig
+
+        judge = reward_kwargs.get("judge") or {}
+        try:
+            JudgeConfig.from_env(**(OmegaConf.to_container(judge) if OmegaConf.is_config(judge) else dict(judge)))
+        except ValueError as error:
+            raise ConfigError(f"train_reward_type=llm: {error} Set it in .env (see .env.example) or use "
+                              "reward.custom_reward_function.reward_kwargs.train_reward_type=f1.") from None
     if os.environ.get("VERL_PLATFORM", "").lower() == "cpu":
         rollout = config.actor_rollout_ref.rollout.name
         if rollout != "hf":

@@ -96,3 +96,14 @@ def test_unknown_igpo_key_is_a_clear_error(tiny_model_dir):
                     f"actor_rollout_ref.model.path={tiny_model_dir}", "data.train_files=data/train_nq_256.parquet",
                     "data.val_files=data/train_nq_256.parquet", "+algorithm.igpo.norm_mod=joint"], env, timeout=120)
     assert rc == 2 and "norm_mod" in out and "check the spelling" in out, out[-2000:]
+
+
+def test_llm_judge_without_its_endpoint_is_a_clear_error(tiny_model_dir):
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("JUDGE_MODEL_NAME", "JUDGE_API_BASE", "API_BASE", "JUDGE_API_KEY", "API_KEY")}
+    env["VERL_PLATFORM"] = "cpu"
+    rc, out = _run([sys.executable, "-m", "igpo.main", "--config-name", "cpu_demo",
+                    f"actor_rollout_ref.model.path={tiny_model_dir}", "data.train_files=data/train_nq_256.parquet",
+                    "data.val_files=data/train_nq_256.parquet",
+                    "reward.custom_reward_function.reward_kwargs.train_reward_type=llm"], env, timeout=120)
+    assert rc == 2 and "JUDGE_MODEL_NAME is not set" in out, out[-2000:]
