@@ -85,8 +85,10 @@ def test_search_sends_key_and_locale_renders_and_caches(fake):
 
 def test_identical_concurrent_searches_share_one_upstream_call(fake):
     fake.queue(SERPER_PATH, Reply(body={"organic": [{"title": "t", "link": "https://a.org", "snippet": "s"}]},
-                                  delay_s=0.3))
-    with web_server(fake) as server:
+                                  delay_s=0.5))
+    # A generous attempt deadline: on a loaded CI machine the 0.5 s of FAST expired and the retry made a second call.
+    patient = UpstreamLimits(concurrency=8, rate_per_s=1000.0, burst=100, attempt_timeout_s=10.0, max_attempts=1)
+    with web_server(fake, serper=patient) as server:
         async def burst():
             async with ToolClient(server.url) as client:
                 return await asyncio.gather(*(client.call("search", {"query": "same"}) for _ in range(20)))
