@@ -18,7 +18,7 @@ Every row is validated; problems are reported as ``row N (index): message`` and 
 
 Examples::
 
-    python scripts/prepare_data.py shared/nq.jsonl --data-source nq --name train_nq --output-dir data \\
+    python scripts/prepare_data.py nq_test.jsonl --data-source nq --name train_nq --output-dir data \\
         --limit 256 --val-fraction 0 --split-name train --exclude data/qa_test_7src.parquet
     python scripts/prepare_data.py --check data/qa_test_7src.parquet --allowed-sources nq,tq,popqa
 """
