@@ -20,7 +20,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from igpo.agent_config import AgentLoopConfig, RolloutScoringConfig
+from igpo.agent_config import AgentLoopConfig, RolloutScoringConfig, _plain
 from igpo.core.advantage import AdvantageConfig, CurriculumConfig
 from igpo.core.info_gain import InfoGainConfig
 
@@ -34,16 +34,6 @@ _CURRICULUM_KEYS = {
 }
 _OWN_KEYS = ("score_on", "verify_scoring", "answer_template_prefix", "answer_template_suffix",
              "ig_warmup_threshold", "ig_warmup_ema_alpha", "agent")
-
-
-def _plain(section: Any) -> dict[str, Any]:
-    if section is None:
-        return {}
-    from omegaconf import OmegaConf
-
-    if OmegaConf.is_config(section):
-        return dict(OmegaConf.to_container(section, resolve=True))
-    return dict(section)
 
 
 def _fields(cls) -> tuple[str, ...]:
@@ -64,6 +54,21 @@ def _coerce(cls, values: dict[str, Any]) -> dict[str, Any]:
             value = tuple(str(v).strip().lower() for v in value)
         out[name] = value
     return out
+
+
+_ADVANTAGE_KEYS = tuple(k for k in _fields(AdvantageConfig) if k not in ("gamma", "norm_adv_by_std"))
+
+
+def advantage_config_from_algorithm(algorithm: Mapping[str, Any]) -> AdvantageConfig:
+    """``AdvantageConfig`` from verl's ``algorithm`` config: ``algorithm.igpo.<field>`` (other keys of the section are
+    ignored here, None keeps the default), plus ``algorithm.gamma`` and ``algorithm.norm_adv_by_std_in_grpo``."""
+    section = _plain(algorithm.get("igpo", None))
+    values = {k: section[k] for k in _ADVANTAGE_KEYS if section.get(k) is not None}
+    if algorithm.get("gamma", None) is not None:
+        values["gamma"] = algorithm.get("gamma")
+    if algorithm.get("norm_adv_by_std_in_grpo", None) is not None:
+        values["norm_adv_by_std"] = bool(algorithm.get("norm_adv_by_std_in_grpo"))
+    return AdvantageConfig(**_coerce(AdvantageConfig, values))
 
 
 @dataclass(frozen=True)
@@ -93,17 +98,13 @@ class IGPOConfig:
         """Build from verl's ``algorithm`` config; unknown ``algorithm.igpo`` keys raise with the list of known ones."""
         section = _plain(algorithm.get("igpo", None))
         info_keys = _fields(InfoGainConfig)
-        adv_keys = tuple(k for k in _fields(AdvantageConfig) if k not in ("gamma", "norm_adv_by_std"))
-        known = set(info_keys) | set(adv_keys) | set(_CURRICULUM_KEYS) | set(_OWN_KEYS)
+        known = set(info_keys) | set(_ADVANTAGE_KEYS) | set(_CURRICULUM_KEYS) | set(_OWN_KEYS)
         unknown = sorted(set(section) - known)
         if unknown:
             raise ValueError(f"unknown key(s) algorithm.igpo.{unknown}: check the spelling; known keys are "
                              f"{sorted(known)} (see configs/igpo_base.yaml).")
         info = InfoGainConfig(**_coerce(InfoGainConfig, {k: section[k] for k in info_keys if k in section}))
-        adv_values = {k: section[k] for k in adv_keys if k in section and section[k] is not None}
-        adv_values["gamma"] = algorithm.get("gamma", AdvantageConfig.gamma)
-        adv_values["norm_adv_by_std"] = bool(algorithm.get("norm_adv_by_std_in_grpo", True))
-        advantage = AdvantageConfig(**_coerce(AdvantageConfig, adv_values))
+        advantage = advantage_config_from_algorithm(algorithm)
         curriculum = CurriculumConfig(**_coerce(CurriculumConfig, {
             field: section[key] for key, field in _CURRICULUM_KEYS.items() if key in section}))
         own = {k: section[k] for k in ("score_on", "verify_scoring", "ig_warmup_threshold", "ig_warmup_ema_alpha")

@@ -13,40 +13,18 @@ module-level ``last_metrics`` dict for the trainer (same process) to pop and log
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import torch
 from verl.trainer.ppo import core_algos
 
-from igpo.core.advantage import AdvantageConfig, compute_igpo_advantage, masks_from_token_rewards
+from igpo.config import advantage_config_from_algorithm
+from igpo.core.advantage import compute_igpo_advantage, masks_from_token_rewards
 
 ESTIMATOR_NAMES = ("igpo", "grpo_info_gain")
 
 last_metrics: dict[str, float] = {}
 """``igpo/*`` metrics of the most recent estimator call; the trainer mode pops them after ``compute_advantage``."""
-
-_FROM_IGPO_SECTION = tuple(f.name for f in dataclasses.fields(AdvantageConfig) if f.name not in ("gamma", "norm_adv_by_std"))
-
-
-def advantage_config_from_algorithm(algorithm_cfg: Any) -> AdvantageConfig:
-    """Build the validated ``AdvantageConfig`` from verl's ``algorithm`` config (DictConfig or dict)."""
-    if algorithm_cfg is None:
-        raise ValueError("the igpo estimator needs verl's algorithm config (config=None was passed).")
-    section = algorithm_cfg.get("igpo", None) or {}
-    kwargs = {name: section[name] for name in _FROM_IGPO_SECTION if section.get(name, None) is not None}
-    defaults = AdvantageConfig()
-    for name, value in kwargs.items():
-        default = getattr(defaults, name)
-        if isinstance(default, float):
-            kwargs[name] = float(value)
-    gamma = algorithm_cfg.get("gamma", None)
-    std = algorithm_cfg.get("norm_adv_by_std_in_grpo", None)
-    if gamma is not None:
-        kwargs["gamma"] = float(gamma)
-    if std is not None:
-        kwargs["norm_adv_by_std"] = bool(std)
-    return AdvantageConfig(**kwargs)
 
 
 def _group_ids(index: Any, batch_size: int) -> torch.Tensor:
@@ -68,6 +46,8 @@ def igpo_advantage(
     **unused: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The verl-convention IGPO estimator: returns exactly ``(advantages, returns)``, shapes [B, L]."""
+    if config is None:
+        raise ValueError("the igpo estimator needs verl's algorithm config (config=None was passed).")
     cfg = advantage_config_from_algorithm(config)
     group = _group_ids(index, token_level_rewards.shape[0])
     mask = response_mask.bool()
