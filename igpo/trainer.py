@@ -100,14 +100,15 @@ class IGPOTrainerSync(PPOTrainerSync):
 
     def _score_on_actor(self, batch, extras, scored, num_turns, metrics) -> torch.Tensor:
         """Answer log-probs per boundary [B, T, A] computed by the actor workers with the packed scorer."""
-        from igpo.agent_loop import ChatFrame
+        from igpo.agent_loop import _frame_for
 
         started = time.perf_counter()
         data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
                                select_fields=["prompts", "responses", "reward_model"])
         prompts, responses = data["prompts"].unbind(), data["responses"].unbind()
         reward_models = data.pop("reward_model").tolist()
-        frame = ChatFrame.build(self.tokenizer, dict(self.config.data.get("apply_chat_template_kwargs", {}) or {}))
+        # The agent loop's cached frame: the probe ends with the same end-of-turn text the rollout used.
+        frame = _frame_for(self.tokenizer, dict(self.config.data.get("apply_chat_template_kwargs", {}) or {}))
         template = self.igpo.scoring.answer_template(frame.eot_text)
         B, T = scored.shape
         requests, owners, skipped = [], [], 0
