@@ -2,7 +2,7 @@
 # Sets PY. Idempotent and fast once installed (a stamp records the hash of the install inputs).
 _igpo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 _igpo_hash="$(cat "$_igpo_root/requirements.txt" "$_igpo_root/requirements-common.txt" "$_igpo_root/pyproject.toml" | sha256sum | cut -c1-16)"
-_igpo_check='import importlib.metadata as m, verl, torch, transfer_queue, fastapi, uvicorn, bm25s, httpx, json5, pytest, pytest_asyncio, matplotlib
+_igpo_check='import importlib.metadata as m, verl, torch, transfer_queue, fastapi, uvicorn, bm25s, httpx, json5, numba, pytest, pytest_asyncio, matplotlib
 assert any(e.name == "igpo" for e in m.entry_points(group="verl.plugins")), "igpo is not installed as a verl plugin"'
 
 _igpo_has_all() { "$1" -c "$_igpo_check" >/dev/null 2>&1; }

@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
+import igpo.core.token_passes
+
 sys.path.insert(0, str(Path(__file__).parent))
 from reference_advantage import random_batch, reference_advantage  # noqa: E402
 
@@ -21,6 +23,15 @@ from igpo.core.advantage import (  # noqa: E402
 )
 
 TOL = 1e-5
+
+
+@pytest.fixture(autouse=True, params=["kernels", "tensor_ops"])
+def token_passes(request, monkeypatch):
+    """Every test runs on both implementations of the [B, L] passes: the numba kernels (CPU float32/float64) and the
+    tensor ops (CUDA, half precision)."""
+    if request.param == "tensor_ops":
+        monkeypatch.setattr(igpo.core.token_passes, "_use_kernels", lambda *tensors: False)
+    return request.param
 
 
 def _compare(batch, cfg, **kw):
@@ -313,3 +324,33 @@ def test_nan_penalty_inside_a_long_block_is_rejected():
     m[1, 37] = True
     with pytest.raises(ValueError, match="penalty contains NaN"):
         compute_igpo_advantage(rewards, F, I, m, group, AdvantageConfig(), penalty=bad)
+
+
+@pytest.mark.parametrize("length", [101, 8, 7])
+def test_lengths_that_are_not_whole_words(length):
+    """L not a multiple of 8 (the kernels read 8 tokens per word and pad a copy), boundaries at the last tokens."""
+    batch = random_batch(3, 3, length, 5, seed=24 + length, penalty_frac=0.3)
+    _compare(batch, AdvantageConfig(norm_group="group_turn"))
+
+
+def test_float64_and_half_precision_inputs():
+    rewards, F, I, m, group, pen = random_batch(3, 3, 80, 6, seed=25, penalty_frac=0.3)
+    ref, _, _ = compute_igpo_advantage(rewards, F, I, m, group, AdvantageConfig(), penalty=pen)
+    wide, _, _ = compute_igpo_advantage(rewards.double(), F, I, m, group, AdvantageConfig(), penalty=pen.double())
+    assert wide.dtype == torch.float64
+    assert (wide - ref.double()).abs().max() < 1e-6
+    half, _, _ = compute_igpo_advantage(rewards.bfloat16(), F, I, m, group, AdvantageConfig(), penalty=pen.bfloat16())
+    assert half.dtype == torch.bfloat16
+    exact = reference_advantage(rewards.bfloat16().float(), F, I, m, group, penalty=pen.bfloat16().float())
+    assert (half.double() - exact).abs().max() < 2e-2  # bf16 output rounding
+
+
+def test_more_boundaries_than_the_first_guess():
+    """Every token a boundary: the kernels' output arrays grow past their initial capacity."""
+    B, L = 2, 2048
+    m = torch.ones(B, L, dtype=torch.bool)
+    F = torch.zeros(B, L, dtype=torch.bool)
+    F[:, -1] = True
+    I = m & ~F
+    rewards = torch.randn(B, L, generator=torch.Generator().manual_seed(26))
+    _compare((rewards, F, I, m, torch.tensor([0, 0]), None), AdvantageConfig(gamma=0.8))

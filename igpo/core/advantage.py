@@ -13,11 +13,10 @@ Group z-score of rewards r over a mask M, per prompt group g (positions of all r
     μ_g = mean_{M ∩ g} r,  σ_g = sqrt(mean_{M ∩ g} (r − μ_g)² + 1e-8)  (σ_g := 1 if |M ∩ g| ≤ 1),
     ẑ(M) = (r − μ_g) / (σ_g + ε)   (no division when norm_adv_by_std is False).
 
-Implementation: the [B, L] work is a few passes over W-token blocks. Per-block word sums of the masks (and the
-penalty's max/min) find the blocks holding a boundary or a response-mask edge; only those are gathered and resolved
-token by token, giving the boundaries as index tensors. Boundaries are compacted to padded per-trajectory turn slots
-[B, K_max], normalized and scanned there in float64, then written back: one constant per plain block, a gather per
-token in the resolved blocks. No Python loop over samples or boundaries; the scan loops over K_max only.
+Implementation: two passes over the [B, L] tokens (``igpo.core.token_passes``) find the boundaries as flat index
+tensors and, at the end, write each segment's advantage onto its tokens. In between, boundaries are compacted to
+padded per-trajectory turn slots [B, K_max], normalized and scanned there in float64. No Python loop over samples
+or boundaries; the scan loops over K_max only.
 """
 
 from __future__ import annotations
@@ -25,9 +24,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numba
 import numpy as np
 import torch
 from torch import Tensor
+
+from igpo.core.token_passes import find_boundaries, spread
 
 NORM_MODES = ("joint", "separate", "scaled_separate", "raw_ig")
 NORM_ORDERS = ("before_discount", "after_discount")
@@ -118,30 +120,6 @@ def masks_from_token_rewards(token_level_rewards: Tensor, response_mask: Tensor)
     return outcome, ig
 
 
-def _group_z(v: Tensor, sel: Tensor, keys: Tensor, num_keys: int, divide: bool, eps: float) -> tuple[Tensor, Tensor]:
-    """ẑ(M) of slot values v [B, K] (0 outside M) and σ of every key [num_keys]; M is given as ascending flat slot
-    indices ``sel`` and pooled by ``keys`` [len(sel)] (see module docstring)."""
-    vals = v.reshape(-1).index_select(0, sel)
-    n = torch.bincount(keys, minlength=num_keys).to(v.dtype)
-    mu = torch.zeros(num_keys, dtype=v.dtype, device=v.device).index_add_(0, keys, vals) / n.clamp(min=1)
-    d = vals - mu[keys]
-    var = torch.zeros(num_keys, dtype=v.dtype, device=v.device).index_add_(0, keys, d * d) / n.clamp(min=1)
-    sigma = torch.where(n <= 1, torch.ones_like(var), torch.sqrt(var + 1e-8))
-    z = torch.zeros(v.shape, dtype=v.dtype, device=v.device)
-    z.view(-1).index_copy_(0, sel, d / (sigma[keys] + eps) if divide else d)
-    return z, sigma
-
-
-def _discounted_scan(values: Tensor, gamma: Tensor) -> Tensor:
-    """A_k = v_k + γ_i A_{k+1} over padded slots [B, K]; returns [B, K+1] with a zero last column."""
-    B, K = values.shape
-    out = torch.zeros(K + 1, B, dtype=values.dtype, device=values.device)
-    cols = values.t().contiguous()
-    for k in range(K - 1, -1, -1):
-        out[k] = cols[k] + gamma * out[k + 1]
-    return out.t()
-
-
 def _check_inputs(rewards, outcome_mask, ig_mask, response_mask, group, penalty, outcome_weight, ig_weight_schedule):
     if rewards.dim() != 2 or not torch.is_floating_point(rewards):
         raise ValueError(f"rewards must be a float [B, L] tensor; got {rewards.dtype} {tuple(rewards.shape)}.")
@@ -159,78 +137,21 @@ def _check_inputs(rewards, outcome_mask, ig_mask, response_mask, group, penalty,
             raise ValueError(f"{name}={w!r} must be finite.")
 
 
-def _check_positions(at: dict[str, Tensor | None], rows: Tensor, B: int) -> None:
+def _check_positions(r: np.ndarray, is_f: np.ndarray, is_i: np.ndarray, in_mask: np.ndarray, pen: np.ndarray | None,
+                     rows: np.ndarray, B: int) -> None:
     """Value checks on the reward positions only (gathered, so they cost O(#boundaries), not O(B·L))."""
-    f, i = at["F"], at["I"]
-    if not bool(torch.isfinite(at["r"][f | i]).all()):
+    if not np.isfinite(r[is_f | is_i]).all():
         raise ValueError("rewards contain NaN or inf at outcome/IG positions; a failed reward must be handled "
                          "upstream (e.g. a failed IG boundary is not placed), never passed to the advantage.")
-    if at["P"] is not None and not bool(torch.isfinite(at["P"]).all()):
+    if pen is not None and not np.isfinite(pen).all():
         raise ValueError("penalty contains NaN or inf.")
-    if bool((f & i).any()):
+    if (is_f & is_i).any():
         raise ValueError("outcome_mask and ig_mask overlap; a token carries either the outcome or an IG reward.")
-    if not bool(at["M"].all()):
+    if not in_mask.all():
         raise ValueError("a reward position lies outside response_mask; outcome, IG and penalty positions must be "
                          "valid response tokens.")
-    if bool((torch.bincount(rows[f], minlength=B) > 1).any()):
+    if (np.bincount(rows[is_f], minlength=B) > 1).any():
         raise ValueError("a trajectory has more than one outcome position; outcome_mask allows at most one per row.")
-
-
-# Block width W (tokens): the [B, L] passes run per block (cost ∝ B·L/W) and only blocks holding a boundary or a
-# response-mask edge are resolved token by token (cost ∝ #boundaries·W). Must stay below 255 so that byte-wise sums
-# of bool words neither carry nor wrap mod 255 (see _block_sums and the token counts in _broadcast).
-_BLOCK_TOKENS = 32
-
-
-def _block_width(L: int) -> int:
-    """Largest power of two ≤ _BLOCK_TOKENS dividing L, so that no block spans two rows (1 for odd L: slower only)."""
-    w = _BLOCK_TOKENS
-    while w > 1 and L % w:
-        w //= 2
-    return w
-
-
-class _Arena:
-    """Bump allocator for the per-block temporaries of one call, carved out of the not-yet-written output.
-
-    Why: a fresh tensor from torch's CPU allocator is faulted in by 4 KiB pages (~0.4 ms per MiB, more than the
-    passes over it cost), while the output is backed by huge pages (``_empty_tokens``). Everything taken from the
-    arena is dead before the output is filled. Falls back to ordinary allocation when the output is too small.
-    """
-
-    def __init__(self, out: Tensor):
-        self.buf = out.view(-1).view(torch.uint8)
-        self.used = 0
-
-    def take(self, shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
-        nbytes = math.prod(shape) * dtype.itemsize
-        begin = -(-self.used // 64) * 64
-        if begin + nbytes > self.buf.numel():
-            return torch.empty(shape, dtype=dtype, device=self.buf.device)
-        self.used = begin + nbytes
-        return self.buf[begin:begin + nbytes].view(dtype).view(shape)
-
-
-def _words(x: Tensor) -> Tensor:
-    """The bytes of each row of a contiguous [nb, W] tensor, viewed as the widest integer words that tile the row."""
-    b = x.view(torch.uint8)
-    for dtype in (torch.int64, torch.int32, torch.int16):
-        if b.shape[1] % dtype.itemsize == 0 and b.storage_offset() % dtype.itemsize == 0:
-            return b.view(dtype)
-    return b
-
-
-def _block_sums(x: Tensor, arena: _Arena) -> Tensor:
-    """Σ of the integer words of each block of a bool [nb, W] tensor. Bytes are 0/1 and W < 256, so no byte carries
-    into the next: the sum is 0 iff the block is all False, and (#words · 0x0101..) iff it is all True. The sum goes
-    to the arena (see _Arena)."""
-    return torch.sum(_words(x), dim=1, out=arena.take((x.shape[0],), torch.int64))
-
-
-def _all_true_sum(x: Tensor) -> int:
-    """_block_sums of an all-True block of x's width."""
-    w = _words(x)
-    return w.shape[1] * int.from_bytes(b"\x01" * w.element_size(), "little")
 
 
 def _empty_tokens(shape: tuple[int, int], dtype: torch.dtype, device: torch.device) -> Tensor:
@@ -242,92 +163,189 @@ def _empty_tokens(shape: tuple[int, int], dtype: torch.dtype, device: torch.devi
     return torch.from_numpy(np.empty(shape, dtype=np_dtype))
 
 
-@dataclass
-class _Blocks:
-    """The [B, L] token grid cut into nb = B·L/W blocks of W tokens (W divides L: no block spans two rows).
-
-    fix_idx: [n_fix] blocks holding a boundary candidate or a response-mask edge, resolved token by token;
-    bits, mask: [n_fix, W] their boundary and response-mask bits; bnd_block, bnd_offset: [nnz] index into fix_idx
-    and offset in the block of each boundary; mask_words: [nb] the response-mask word sums (_block_sums).
-    Arena memory except fix_idx and the boundary indices: use it before the output is filled.
-    """
-
-    W: int
-    fix_idx: Tensor
-    bits: Tensor
-    mask: Tensor
-    bnd_block: Tensor
-    bnd_offset: Tensor
-    mask_words: Tensor
+# Boundary kinds (bits) and mode codes passed to the compiled turn-level kernel.
+_KIND_F, _KIND_I = 1, 2
+_MODE_CODE = {mode: code for code, mode in enumerate(NORM_MODES)}
+_JOINT, _SCALED_SEPARATE, _RAW_IG = _MODE_CODE["joint"], _MODE_CODE["scaled_separate"], _MODE_CODE["raw_ig"]
 
 
-def _find_boundaries(outcome_mask: Tensor, ig_mask: Tensor, response_mask: Tensor, penalty: Tensor | None, W: int,
-                     arena: _Arena) -> tuple[Tensor, _Blocks]:
-    """Flat token positions [nnz] of all boundaries in row-major order, and the block structure for ``_broadcast``.
-
-    Blocks are classified by word sums (no [B, L] temporaries); the few that hold a boundary candidate or a mask edge
-    are gathered and their bits resolved exactly.
-    """
-    nb = outcome_mask.numel() // W
-    F, I, M = (t.view(nb, W) for t in (outcome_mask, ig_mask, response_mask))
-    candidate = _block_sums(F, arena).add_(_block_sums(I, arena)) != 0
-    if penalty is not None:
-        P = penalty.view(nb, W)
-        # A block holds a penalty position iff its max or min is != 0 (NaN propagates through both, so it counts).
-        candidate |= (P.amax(dim=1) != 0) | (P.amin(dim=1) != 0)
-    m_sum = _block_sums(M, arena)
-    fix_idx = torch.nonzero(candidate | ~((m_sum == 0) | (m_sum == _all_true_sum(M))), as_tuple=True)[0]
-    n_fix = fix_idx.numel()
-    bits = torch.index_select(F, 0, fix_idx, out=arena.take((n_fix, W), torch.bool))
-    bits |= torch.index_select(I, 0, fix_idx, out=arena.take((n_fix, W), torch.bool))
-    if penalty is not None:
-        # NaN != 0: a NaN penalty becomes a boundary and fails the checks.
-        bits |= torch.index_select(P, 0, fix_idx, out=arena.take((n_fix, W), P.dtype)) != 0
-    blk, off = torch.nonzero(bits, as_tuple=True)
-    mask = torch.index_select(M, 0, fix_idx, out=arena.take((n_fix, W), torch.bool))
-    return fix_idx[blk] * W + off, _Blocks(W, fix_idx, bits, mask, blk, off, m_sum)
+@numba.njit(cache=True, nogil=True)
+def _discount(values, K, gamma):
+    """A_k = v_k + γ_i A_{k+1} within each trajectory (boundaries in flat row-major order, K_i per row)."""
+    out = np.empty_like(values)
+    end = 0
+    for i in range(K.shape[0]):
+        end += K[i]
+        acc = 0.0
+        for p in range(end - 1, end - K[i] - 1, -1):
+            acc = values[p] + gamma[i] * acc
+            out[p] = acc
+    return out
 
 
-def _broadcast(A: Tensor, rows: Tensor, slot: Tensor, blocks: _Blocks, out: Tensor, arena: _Arena) -> Tensor:
-    """Fill ``out`` [B, L]: token t of row i gets A[i, s] · response_mask with s = #boundaries of row i before t (slot
-    K_i is the tail after the last boundary, A = 0). Returns the response tokens of each segment [B, K_max + 1]
-    (0 for the tail), exact integers in A's dtype.
+@numba.njit(cache=True, nogil=True)
+def _pooled_z(v, sel, key, num_keys, divide, eps, z):
+    """z[p] = ẑ of v[p] for the selected boundaries, pooled by key (module docstring); returns σ per key."""
+    n = np.zeros(num_keys)
+    mu = np.zeros(num_keys)
+    for p in range(v.shape[0]):
+        if sel[p]:
+            n[key[p]] += 1.0
+            mu[key[p]] += v[p]
+    for k in range(num_keys):
+        mu[k] /= max(n[k], 1.0)
+    var = np.zeros(num_keys)
+    for p in range(v.shape[0]):
+        if sel[p]:
+            d = v[p] - mu[key[p]]
+            var[key[p]] += d * d
+    sigma = np.ones(num_keys)
+    for k in range(num_keys):
+        if n[k] > 1:
+            sigma[k] = math.sqrt(var[k] / n[k] + 1e-8)
+    for p in range(v.shape[0]):
+        if sel[p]:
+            d = v[p] - mu[key[p]]
+            z[p] = d / (sigma[key[p]] + eps) if divide else d
+    return sigma
 
-    A block without boundary or mask edge is one constant: A at the slot of its first token (an exclusive cumsum of
-    boundaries per block along the row); a fix block adds the exclusive in-block count per token. Segment token
-    counts are differences of the response-token prefix count C at consecutive boundaries, C = (exclusive cumsum of
-    block token counts along the row) + (inclusive in-block count).
-    """
-    B, Kp = A.shape
-    W, fix_idx, bits, fix_mask = blocks.W, blocks.fix_idx, blocks.bits, blocks.mask
-    nb, dev, dtype = blocks.mask_words.shape[0], A.device, out.dtype
-    R = nb // max(B, 1)
-    V = A.to(dtype).reshape(-1)
-    per_block = arena.take((B, R), torch.int32).zero_()
-    per_block.view(-1).index_put_((fix_idx,), torch.bincount(blocks.bnd_block, minlength=fix_idx.numel()).int())
-    vidx = torch.cumsum(per_block, dim=1, dtype=torch.int32, out=arena.take((B, R), torch.int32))
-    vidx.sub_(per_block).add_(torch.arange(0, B * Kp, Kp, dtype=torch.int32, device=dev)[:, None])
-    vidx = vidx.view(-1)
-    # Fresh memory (not the arena): the fill below overwrites the arena. An empty block's A is masked to 0.
-    block_val = V.index_select(0, vidx).masked_fill_(blocks.mask_words == 0, 0)
-    excl = torch.cumsum(bits, dim=1, dtype=torch.int32, out=arena.take(tuple(bits.shape), torch.int32)).sub_(bits.int())
-    tidx = excl.add_(vidx[fix_idx][:, None])
-    fix_val = V.index_select(0, tidx.view(-1)).view_as(tidx).masked_fill_(~fix_mask, 0)
 
-    # Byte sums of mask words have no carries, so the block's token count is their base-256 digit sum = value mod 255.
-    block_tokens = torch.remainder(blocks.mask_words, 255, out=arena.take((nb,), torch.int64)).view(B, R)
-    before = torch.cumsum(block_tokens, dim=1, dtype=torch.int32, out=arena.take((B, R), torch.int32))
-    before = before.sub_(block_tokens).view(-1)
-    in_block = torch.cumsum(fix_mask, dim=1, dtype=torch.int32, out=arena.take(tuple(fix_mask.shape), torch.int32))
-    C = before[fix_idx[blocks.bnd_block]] + in_block[blocks.bnd_block, blocks.bnd_offset]
-    C_prev = torch.zeros_like(C)
-    C_prev[1:] = torch.where(slot[1:] > 0, C[:-1], 0)
-    tokens = torch.zeros(B, Kp, dtype=A.dtype, device=dev)
-    tokens[rows, slot] = (C - C_prev).to(A.dtype)
+@numba.njit(cache=True, nogil=True)
+def _turn_advantages(K, g, num_groups, r, kind, pen, mode, gamma, adaptive_w, after_discount, group_turn, divide,
+                     eps, ig_weight, scale_floor, scale_cap, outcome_weight, ig_schedule):
+    """Per-boundary advantages A (flat, row-major) from rewards r, kinds and penalties: normalize (mode), weight,
+    discount (order). Returns (A, γ_i per row, [ig_scale, |ẑ(F)| mean, |scaled ẑ(I)| mean, mean r/σ over I])."""
+    B, n = K.shape[0], r.shape[0]
+    raw_ig = mode == _RAW_IG
+    gam = np.full(B, 0.0 if raw_ig else gamma)
+    if adaptive_w > 0 and not raw_ig:
+        for i in range(B):
+            if K[i] > 1:
+                gam[i] = adaptive_w ** (1.0 / K[i])
+    row = np.empty(n, np.int64)
+    ordinal = np.zeros(n, np.int64)  # rank of an IG boundary among its trajectory's IG boundaries
+    is_f = np.empty(n, np.bool_)
+    is_i = np.empty(n, np.bool_)
+    ig_max = 1
+    p = 0
+    for i in range(B):
+        seen = 0
+        for _ in range(K[i]):
+            row[p], ordinal[p] = i, seen
+            is_f[p], is_i[p] = (kind[p] & _KIND_F) != 0, (kind[p] & _KIND_I) != 0
+            seen += is_i[p]
+            p += 1
+        ig_max = max(ig_max, seen)
 
-    out.view(nb, W).copy_(block_val[:, None].expand(nb, W))
-    out.view(nb, W).index_copy_(0, fix_idx, fix_val)
-    return tokens
+    v = np.zeros(n)
+    for p in range(n):
+        if is_f[p] or is_i[p]:
+            v[p] = r[p]
+    if after_discount:
+        v = _discount(v, K, gam)
+
+    stats = np.full(4, np.nan)
+    N = np.zeros(n)
+    key_g = g[row]
+    if mode == _JOINT:
+        _pooled_z(v, is_f | is_i, key_g, num_groups, divide, eps, N)
+    else:
+        _pooled_z(v, is_f, key_g, num_groups, divide, eps, N)
+        outcome_z = np.zeros(B)  # at most one outcome per row
+        for p in range(n):
+            if is_f[p]:
+                outcome_z[row[p]] = N[p]
+        key_i = key_g * ig_max + ordinal if group_turn else key_g
+        num_i = num_groups * ig_max if group_turn else num_groups
+        z_i = np.zeros(n)
+        sigma_i = _pooled_z(v, is_i, key_i, num_i, divide, eps, z_i)
+        n_f, n_i, abs_f, abs_i, over_std = 0, 0, 0.0, 0.0, 0.0
+        for p in range(n):
+            if is_i[p]:
+                if raw_ig:
+                    scaled = v[p] / (sigma_i[key_i[p]] + eps)
+                    over_std += scaled
+                    z_i[p] = scaled * ig_weight + outcome_z[row[p]]
+                n_i += 1
+                abs_i += abs(z_i[p])
+            elif is_f[p]:
+                n_f += 1
+                abs_f += abs(N[p])
+        if raw_ig and n_i:
+            stats[3] = over_std / n_i
+        if mode == _SCALED_SEPARATE:
+            numerator = max(abs_f / n_f, scale_floor) if n_f else 1.0
+            denominator = abs_i / n_i + eps if n_i else 1.0
+            scale = min(numerator / denominator, scale_cap)
+            stats[0], stats[1] = scale, abs_f / n_f if n_f else 0.0
+            stats[2] = scale * abs_i / n_i if n_i else 0.0
+            for p in range(n):
+                z_i[p] *= scale
+        for p in range(n):
+            if is_i[p]:
+                N[p] = z_i[p]
+    for p in range(n):
+        if is_i[p]:
+            N[p] *= ig_schedule if raw_ig else ig_weight * ig_schedule
+        elif is_f[p]:
+            N[p] *= outcome_weight
+    if after_discount:
+        return N + _discount(pen, K, gam), gam, stats
+    return _discount(N + pen, K, gam), gam, stats
+
+
+def _metrics(stats, r, is_f, is_i, is_p, rows, g, num_groups, K, gamma, A, tokens, tail_tokens):
+    """igpo/* metrics (§2.7) from the boundary arrays; token statistics through per-segment token counts (the tail
+    after the last boundary has A = 0)."""
+    B = K.shape[0]
+    metrics: dict[str, float] = {}
+    for name, value in zip(("ig_scale", "outcome_norm_abs_mean", "ig_norm_abs_mean", "ig_mean_over_std"), stats):
+        if not math.isnan(value):
+            metrics[f"igpo/{name}"] = float(value)
+    active = int((np.bincount(rows[is_i], minlength=B) > 0).sum())
+    metrics["igpo/ig_active_samples"] = float(active)
+    metrics["igpo/ig_active_ratio"] = active / max(B, 1)
+    metrics["igpo/ig_total_positions"] = float(is_i.sum())
+    metrics["igpo/f1_total_positions"] = float(is_f.sum())
+    metrics["igpo/penalty_positions"] = float(is_p.sum())
+    ig = r[is_i]
+    if ig.size:
+        metrics["igpo/raw_ig_mean"] = float(ig.mean())
+        metrics["igpo/raw_ig_std"] = float(ig.std())
+        metrics["igpo/raw_ig_positive_ratio"] = float((ig > 0).mean())
+        metrics["igpo/raw_ig_negative_count"] = float((ig < 0).sum())
+        metrics["igpo/raw_ig_abs_mean"] = float(np.abs(ig).mean())
+    outcome = r[is_f]
+    metrics["igpo/outcome_reward_mean"] = float(outcome.mean()) if outcome.size else 0.0
+    # Groups with more than one outcome whose outcomes are all equal: GRPO gives them no signal, IG still does.
+    og = g[rows[is_f]]
+    n = np.bincount(og, minlength=num_groups)
+    mu = np.bincount(og, weights=outcome, minlength=num_groups) / np.maximum(n, 1)
+    var = np.bincount(og, weights=(outcome - mu[og]) ** 2, minlength=num_groups) / np.maximum(n, 1)
+    multi = n > 1
+    metrics["igpo/all_same_outcome_ratio"] = (
+        float((multi & (np.sqrt(var) < 1e-6)).sum()) / float(multi.sum()) if multi.any() else 0.0)
+    metrics["igpo/num_groups"] = float(num_groups)
+    has = K > 0
+    if has.any():
+        metrics["igpo/effective_gamma_mean"] = float(gamma[has].mean())
+        metrics["igpo/effective_gamma_min"] = float(gamma[has].min())
+        metrics["igpo/effective_gamma_max"] = float(gamma[has].max())
+        metrics["igpo/num_turns_mean"] = float(K[has].mean())
+        metrics["igpo/num_turns_min"] = float(K[has].min())
+        metrics["igpo/num_turns_max"] = float(K[has].max())
+    total = float(tokens.sum() + tail_tokens.sum())
+    if total > 0:
+        mean = float(tokens @ A) / total
+        metrics["igpo/adv_abs_mean"] = float(tokens @ np.abs(A)) / total
+        spread_sq = float(tokens @ (A - mean) ** 2) + float(tail_tokens.sum()) * mean * mean
+        metrics["igpo/adv_std"] = math.sqrt(max(spread_sq / total, 0.0))
+        metrics["igpo/adv_positive_ratio"] = float(tokens @ (A > 0)) / total
+    if is_i.any():
+        metrics["igpo/adv_ig_positions_mean"] = float(A[is_i].mean())
+    if is_f.any():
+        metrics["igpo/adv_f1_positions_mean"] = float(A[is_f].mean())
+    return metrics
 
 
 @torch.no_grad()
@@ -356,160 +374,32 @@ def compute_igpo_advantage(
     """
     _check_inputs(rewards, outcome_mask, ig_mask, response_mask, group, penalty, outcome_weight, ig_weight_schedule)
     B, L = rewards.shape
-    dev = rewards.device
-    f64 = torch.float64
     rewards, outcome_mask, ig_mask, response_mask = (
         t.contiguous() for t in (rewards, outcome_mask, ig_mask, response_mask))
     penalty = penalty.contiguous() if penalty is not None else None
-    out = _empty_tokens((B, L), rewards.dtype, dev)
-    arena = _Arena(out)
-    flat, blocks = _find_boundaries(outcome_mask, ig_mask, response_mask, penalty, _block_width(L), arena)
-    at = {name: t.view(-1).index_select(0, flat) for name, t in (("r", rewards), ("F", outcome_mask),
-                                                                ("I", ig_mask), ("M", response_mask))}
-    at["P"] = penalty.view(-1).index_select(0, flat) if penalty is not None else None
-    rows = flat // max(L, 1)
-    _check_positions(at, rows, B)
+    out = _empty_tokens((B, L), rewards.dtype, rewards.device)
+    bounds = find_boundaries(rewards, outcome_mask, ig_mask, response_mask, penalty)
 
-    # Compact boundaries to turn slots: slot k of row i is the k-th boundary of trajectory i in token order.
-    K = torch.bincount(rows, minlength=B)
-    K_max = int(K.max()) if B else 0
-    start = torch.cumsum(K, 0) - K
-    slot = torch.arange(rows.numel(), device=dev) - start[rows]
-    r = torch.zeros(B, K_max, dtype=f64, device=dev)
-    r[rows, slot] = torch.where(at["F"] | at["I"], at["r"].to(f64), 0.0)
-    isF = torch.zeros(B, K_max, dtype=torch.bool, device=dev)
-    isF[rows, slot] = at["F"]
-    isI = torch.zeros(B, K_max, dtype=torch.bool, device=dev)
-    isI[rows, slot] = at["I"]
-    isP = torch.zeros(B, K_max, dtype=torch.bool, device=dev)
-    pen = torch.zeros(B, K_max, dtype=f64, device=dev)
-    if penalty is not None:
-        pen[rows, slot] = at["P"].to(f64)
-        isP = pen != 0
-
-    _, g = torch.unique(group, return_inverse=True)
+    # The turn-level work is O(#boundaries), on host arrays.
+    K, r, is_f, is_i, pen = bounds.K.cpu().numpy(), bounds.r, bounds.is_f, bounds.is_i, bounds.pen
+    rows = np.repeat(np.arange(B), K)
+    _check_positions(r, is_f, is_i, bounds.in_mask, pen, rows, B)
+    _, g = np.unique(group.cpu().numpy(), return_inverse=True)
     num_groups = int(g.max()) + 1 if B else 0
-    g_key = g[:, None].expand(B, K_max)
-    if cfg.norm_group == "group_turn":
-        ordinal = torch.cumsum(isI.long(), dim=1) - 1
-        i_key, i_keys = g_key * max(K_max, 1) + ordinal.clamp(min=0), num_groups * max(K_max, 1)
-    else:
-        i_key, i_keys = g_key, num_groups
-
-    # Flat slot indices (ascending) of the F, I and F ∪ I slots: one nonzero each instead of one per masked read.
-    slot_flat = rows * K_max + slot
-    sel_F, sel_I, sel_FI = (slot_flat[x] for x in (at["F"], at["I"], at["F"] | at["I"]))
-    keys_F, keys_FI = g[sel_F // max(K_max, 1)], g[sel_FI // max(K_max, 1)]
-    keys_I = i_key.reshape(-1).index_select(0, sel_I)
-
-    raw_ig = cfg.norm_mode == "raw_ig"
-    gamma = torch.full((B,), 0.0 if raw_ig else cfg.gamma, dtype=f64, device=dev)
-    if cfg.adaptive_gamma_min_weight > 0 and not raw_ig:
-        adaptive = cfg.adaptive_gamma_min_weight ** (1.0 / K.clamp(min=1).to(f64))
-        gamma = torch.where(K > 1, adaptive, gamma)
-
-    metrics: dict[str, float] = {}
-
-    def normalize(v: Tensor) -> Tensor:
-        """N over slots from values v at F and I slots: mode, then ig_weight and curriculum weights."""
-        eps, divide = cfg.epsilon, cfg.norm_adv_by_std
-        N = torch.zeros_like(v)
-        if cfg.norm_mode == "joint":
-            z, _ = _group_z(v, sel_FI, keys_FI, num_groups, divide, eps)
-            N = torch.where(isF | isI, z, N)
-            zF, zI = torch.where(isF, z, N), torch.where(isI, z, N)
-        else:
-            zF, _ = _group_z(v, sel_F, keys_F, num_groups, divide, eps)
-            if raw_ig:
-                _, sigma = _group_z(v, sel_I, keys_I, i_keys, True, eps)
-                sigma_I = sigma[i_key]
-                outcome_of_row = zF.sum(dim=1, keepdim=True)  # at most one F slot per row
-                zI = torch.where(isI, v / (sigma_I + eps) * cfg.ig_weight + outcome_of_row, N)
-                if sel_I.numel():
-                    ig_over_std = (v / (sigma_I + eps)).reshape(-1)[sel_I]
-                    metrics["igpo/ig_mean_over_std"] = float(ig_over_std.mean())
-            else:
-                zI, _ = _group_z(v, sel_I, keys_I, i_keys, divide, eps)
-            if cfg.norm_mode == "scaled_separate":
-                zF_abs_mean = float(zF.view(-1)[sel_F].abs().mean()) if sel_F.numel() else None
-                num = max(zF_abs_mean, cfg.scale_floor) if zF_abs_mean is not None else 1.0
-                den = float(zI.view(-1)[sel_I].abs().mean()) + eps if sel_I.numel() else 1.0
-                scale = min(num / den, cfg.scale_cap)
-                metrics["igpo/ig_scale"] = scale
-                metrics["igpo/outcome_norm_abs_mean"] = zF_abs_mean if zF_abs_mean is not None else 0.0
-                zI = zI * scale
-                metrics["igpo/ig_norm_abs_mean"] = float(zI.view(-1)[sel_I].abs().mean()) if sel_I.numel() else 0.0
-            N = torch.where(isF, zF, torch.where(isI, zI, N))
-        if not raw_ig:
-            N = torch.where(isI, N * cfg.ig_weight, N)
-        return torch.where(isF, N * outcome_weight, torch.where(isI, N * ig_weight_schedule, N))
-
-    if cfg.norm_order == "before_discount":
-        A = _discounted_scan(normalize(r) + pen, gamma)
-    else:
-        returns_raw = _discounted_scan(torch.where(isF | isI, r, torch.zeros_like(r)), gamma)[:, :K_max]
-        A = torch.zeros(B, K_max + 1, dtype=f64, device=dev)
-        A[:, :K_max] = normalize(returns_raw)
-        A = A + _discounted_scan(pen, gamma)
-    if not bool(torch.isfinite(A).all()):
+    kind = (is_f * _KIND_F + is_i * _KIND_I).astype(np.uint8)
+    if pen is None:
+        pen = np.zeros_like(r)
+    A, gamma, stats = _turn_advantages(
+        K, g.astype(np.int64), num_groups, r, kind, pen, _MODE_CODE[cfg.norm_mode], cfg.gamma,
+        cfg.adaptive_gamma_min_weight, cfg.norm_order == "after_discount", cfg.norm_group == "group_turn",
+        cfg.norm_adv_by_std, cfg.epsilon, cfg.ig_weight, cfg.scale_floor, cfg.scale_cap, float(outcome_weight),
+        float(ig_weight_schedule))
+    if not np.isfinite(A).all():
         raise RuntimeError("IGPO advantage became non-finite (overflow in rewards or weights); refusing to return NaN.")
 
-    tokens = _broadcast(A, rows, slot, blocks, out, arena)
-    advantages = out
-
-    # Metrics (§2.7), computed on the slot tensors; token statistics through per-segment token counts.
-    _metrics_into(metrics, r, isF, isI, isP, sel_F, sel_I, g, num_groups, K, gamma, A, tokens)
-    return advantages, advantages, metrics
-
-
-def _metrics_into(metrics, r, isF, isI, isP, sel_F, sel_I, g, num_groups, K, gamma, A, tokens):
-    B = r.shape[0]
-    ig_vals = r.view(-1)[sel_I]
-    active = isI.any(dim=1)
-    metrics["igpo/ig_active_samples"] = float(active.sum())
-    metrics["igpo/ig_active_ratio"] = float(active.sum()) / max(B, 1)
-    metrics["igpo/ig_total_positions"] = float(isI.sum())
-    metrics["igpo/f1_total_positions"] = float(isF.sum())
-    metrics["igpo/penalty_positions"] = float(isP.sum())
-    if ig_vals.numel():
-        metrics["igpo/raw_ig_mean"] = float(ig_vals.mean())
-        metrics["igpo/raw_ig_std"] = float(ig_vals.std(unbiased=False))
-        metrics["igpo/raw_ig_positive_ratio"] = float((ig_vals > 0).to(r.dtype).mean())
-        metrics["igpo/raw_ig_negative_count"] = float((ig_vals < 0).sum())
-        metrics["igpo/raw_ig_abs_mean"] = float(ig_vals.abs().mean())
-    outcome = r.view(-1)[sel_F]
-    metrics["igpo/outcome_reward_mean"] = float(outcome.mean()) if outcome.numel() else 0.0
-    # Groups with more than one outcome whose outcomes are all equal: GRPO gives them no signal, IG still does.
-    og = g[sel_F // max(isF.shape[1], 1)]
-    n = torch.bincount(og, minlength=num_groups).to(r.dtype)
-    mu = torch.zeros(num_groups, dtype=r.dtype, device=r.device).index_add_(0, og, outcome) / n.clamp(min=1)
-    var = torch.zeros(num_groups, dtype=r.dtype, device=r.device).index_add_(0, og, (outcome - mu[og]) ** 2)
-    var = var / n.clamp(min=1)
-    multi = n > 1
-    metrics["igpo/all_same_outcome_ratio"] = (
-        float((multi & (var.sqrt() < 1e-6)).sum()) / float(multi.sum()) if bool(multi.any()) else 0.0
-    )
-    metrics["igpo/num_groups"] = float(num_groups)
-    has = K > 0
-    if bool(has.any()):
-        metrics["igpo/effective_gamma_mean"] = float(gamma[has].mean())
-        metrics["igpo/effective_gamma_min"] = float(gamma[has].min())
-        metrics["igpo/effective_gamma_max"] = float(gamma[has].max())
-        k = K[has].to(r.dtype)
-        metrics["igpo/num_turns_mean"] = float(k.mean())
-        metrics["igpo/num_turns_min"] = float(k.min())
-        metrics["igpo/num_turns_max"] = float(k.max())
-    total = float(tokens.sum())
-    if total > 0:
-        mean = float((tokens * A).sum()) / total
-        metrics["igpo/adv_abs_mean"] = float((tokens * A.abs()).sum()) / total
-        metrics["igpo/adv_std"] = math.sqrt(max(float((tokens * (A - mean) ** 2).sum()) / total, 0.0))
-        metrics["igpo/adv_positive_ratio"] = float((tokens * (A > 0)).sum()) / total
-    K_max = isF.shape[1]
-    if sel_I.numel():
-        metrics["igpo/adv_ig_positions_mean"] = float(A[:, :K_max].reshape(-1)[sel_I].mean())
-    if sel_F.numel():
-        metrics["igpo/adv_f1_positions_mean"] = float(A[:, :K_max].reshape(-1)[sel_F].mean())
+    tokens, tail_tokens = spread(A, bounds, response_mask, out)
+    metrics = _metrics(stats, r, is_f, is_i, pen != 0, rows, g, num_groups, K, gamma, A, tokens, tail_tokens)
+    return out, out, metrics
 
 
 class WarmupGate:

@@ -1,0 +1,238 @@
+"""The two [B, L] passes of the IGPO advantage: find the reward positions, and spread turn advantages over tokens.
+
+Everything else in ``igpo.core.advantage`` works on the few boundaries per trajectory; these two passes touch every
+token, so they set the estimator's cost at long horizons (B = 256, L = 32768 is 8.4 M tokens per step).
+
+    find_boundaries:  the positions of outcome_mask | ig_mask | (penalty != 0), row-major, with what lies there
+                      (reward, kind, response mask, penalty) and K_i, the number of them in row i.
+    spread:           out[i, t] = A_(i,s) · response_mask[i, t], s = the first boundary of row i at or after t (0 after
+                      the last one); also the response tokens of every segment.
+
+Two implementations with identical results. CPU tensors of float32/float64 (the normal case: verl computes advantages
+on the driver) go through numba kernels that stream each row once, skipping 8 tokens per machine word where nothing
+is set. Anything else (CUDA tensors,
+half-precision rewards) goes through plain tensor ops; on CPU those cost ~5x more, as torch's kernels for a cumsum
+along 32 K tokens, large gathers and nonzero run far below memory speed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numba
+import numpy as np
+import torch
+from torch import Tensor
+
+# Bits of a float that are set iff the value is != 0 (all but the sign, so -0.0 counts as zero; NaN counts as set).
+_NONZERO_BITS = {torch.float64: np.int64(0x7FFF_FFFF_FFFF_FFFF), torch.float32: np.int32(0x7FFF_FFFF)}
+_KERNEL_DTYPES = (torch.float32, torch.float64)
+_KIND_F, _KIND_I, _KIND_IN_MASK = 1, 2, 4
+
+
+@dataclass
+class Boundaries:
+    """The reward positions of a [B, L] batch, row-major, and what lies there (host arrays, [nnz] unless noted).
+
+    flat: token index i·L + t (a tensor on the batch's device); K: [B] int64 count per row (tensor, same device);
+    r: reward (float64); is_f, is_i: outcome / IG flags; in_mask: response_mask there; pen: penalty (float64) or
+    None when no penalty was given.
+    """
+
+    flat: Tensor
+    K: Tensor
+    r: np.ndarray
+    is_f: np.ndarray
+    is_i: np.ndarray
+    in_mask: np.ndarray
+    pen: np.ndarray | None
+
+
+def _use_kernels(*tensors: Tensor | None) -> bool:
+    return all(t is None or (t.device.type == "cpu" and (t.dtype == torch.bool or t.dtype in _KERNEL_DTYPES))
+               for t in tensors)
+
+
+def find_boundaries(rewards: Tensor, outcome_mask: Tensor, ig_mask: Tensor, response_mask: Tensor,
+                    penalty: Tensor | None) -> Boundaries:
+    """The tokens where outcome_mask, ig_mask or penalty != 0 is set (a NaN penalty counts as set, so that the
+    caller's finiteness check sees it). Inputs are contiguous [B, L]."""
+    B, L = rewards.shape
+    if not _use_kernels(rewards, outcome_mask, penalty):
+        hit = outcome_mask | ig_mask
+        if penalty is not None:
+            hit |= penalty != 0
+        flat = torch.nonzero(hit.view(-1), as_tuple=True)[0]
+        K = torch.bincount(flat // max(L, 1), minlength=B)
+
+        def at(t: Tensor) -> np.ndarray:
+            x = t.view(-1).index_select(0, flat)
+            return (x.double() if torch.is_floating_point(x) else x).cpu().numpy()
+
+        return Boundaries(flat, K, at(rewards), at(outcome_mask), at(ig_mask), at(response_mask),
+                          at(penalty) if penalty is not None else None)
+
+    f, i = _words(outcome_mask), _words(ig_mask)
+    if penalty is None:
+        values, bits, nonzero_bits = np.zeros((1, 8), np.float32), np.zeros((1, 8), np.int32), np.int32(0)
+    else:
+        nonzero_bits = _NONZERO_BITS[penalty.dtype]
+        values = _padded(penalty).numpy()
+        bits = values.view(nonzero_bits.dtype)
+    flat, K = _find_kernel(f, i, bits, nonzero_bits, penalty is not None, L)
+    r, kind, pen = _gather_kernel(flat, rewards.view(-1).numpy(), *(_bytes(t) for t in (outcome_mask, ig_mask, response_mask)),
+                                  penalty.view(-1).numpy() if penalty is not None else values.ravel(), penalty is not None)
+    return Boundaries(torch.from_numpy(flat), torch.from_numpy(K), r, (kind & _KIND_F) != 0, (kind & _KIND_I) != 0,
+                      (kind & _KIND_IN_MASK) != 0, pen if penalty is not None else None)
+
+
+def spread(A: np.ndarray, bounds: Boundaries, response_mask: Tensor, out: Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """Fill ``out`` [B, L] from the boundary advantages A [nnz] (float64, in the order of ``bounds``): the tokens up
+    to and including boundary k of row i get A of that boundary, the tail after the last boundary 0, tokens outside
+    ``response_mask`` 0. Returns the response tokens of each boundary's segment [nnz] and of each row's tail [B]
+    (float64, exact integers)."""
+    B, L = response_mask.shape
+    nnz = A.shape[0]
+    flat, K = bounds.flat, bounds.K
+    if _use_kernels(out):
+        first = np.zeros(B, np.int64)
+        np.cumsum(K.numpy()[:-1], out=first[1:])
+        tokens, tail = np.zeros(nnz), np.zeros(B)
+        _spread_kernel(A, flat.numpy(), K.numpy(), first, response_mask.view(torch.uint8).numpy(), out.numpy(), tokens,
+                       tail)
+        return tokens, tail
+    # Segment of every token as an index into [A, 0 per row]: boundaries strictly before it in its row (an exclusive
+    # cumsum of the boundary indicator) offset by the row's first boundary; the tail maps to the row's 0.
+    dev = out.device
+    hit = torch.zeros(B * L, dtype=torch.int32, device=dev)
+    hit[flat] = 1
+    hit = hit.view(B, L)
+    slot = torch.cumsum(hit, dim=1, dtype=torch.int32).sub_(hit).long()
+    first = (torch.cumsum(K, 0) - K)[:, None]
+    segment = torch.where(slot < K[:, None], first + slot, nnz + torch.arange(B, device=dev)[:, None])
+    A_ext = torch.cat([torch.from_numpy(A).to(dev), torch.zeros(B, dtype=torch.float64, device=dev)])
+    out.copy_(A_ext[segment].masked_fill_(~response_mask, 0.0))
+    tokens = torch.bincount(segment[response_mask], minlength=nnz + B).double().cpu().numpy()
+    return tokens[:nnz], tokens[nnz:]
+
+
+def _padded(x: Tensor) -> Tensor:
+    """x [B, L] zero-padded on the right to a multiple of 8 columns (a copy only when L is not one already)."""
+    L = x.shape[1]
+    return x if L % 8 == 0 else torch.nn.functional.pad(x, (0, 8 - L % 8))
+
+
+def _bytes(mask: Tensor) -> np.ndarray:
+    """A bool tensor as a flat uint8 array (no copy)."""
+    return mask.view(-1).view(torch.uint8).numpy()
+
+
+def _words(mask: Tensor) -> np.ndarray:
+    """A bool [B, L] tensor as int64 words [B, ceil(L / 8)], 8 tokens (bytes, each 0 or 1) per word."""
+    return _padded(mask.view(torch.uint8)).numpy().view(np.int64)
+
+
+_CHUNK_WORDS = 8  # 64 tokens per skip test
+
+
+@numba.njit(cache=True, nogil=True)
+def _find_kernel(f, i, bits, nonzero_bits, has_penalty, L):
+    """Per row: OR-reduce each 64-token chunk of the flags and of the penalty's value bits (streaming loops over
+    slice views, which LLVM vectorizes), then resolve only the chunks where something is set, word by word; a word's
+    set tokens are appended without branches (write all 8 candidates, advance by each token's 0/1 flag). Kept free of
+    value reads on purpose: reading what lies at each boundary in here makes it ~2x slower (_gather_kernel does it).
+    """
+    B, n_words = f.shape
+    cap = max(1024, 16 * B)
+    flat = np.empty(cap, np.int64)
+    K = np.zeros(B, np.int64)
+    n = 0
+    CW = _CHUNK_WORDS
+    n_chunks = (n_words + CW - 1) // CW
+    any_set = np.zeros(n_chunks, np.int64)
+    any_penalty = np.zeros(n_chunks, np.int64)
+    for b in range(B):
+        fr, ir, pr = f[b], i[b], bits[b]
+        for c in range(n_chunks):
+            fv, iv = fr[CW * c:CW * c + CW], ir[CW * c:CW * c + CW]
+            x = 0
+            for j in range(fv.shape[0]):
+                x |= fv[j] | iv[j]
+            any_set[c] = x
+        if has_penalty:
+            for c in range(n_chunks):
+                pv = pr[8 * CW * c:8 * CW * (c + 1)]
+                p = nonzero_bits & 0
+                for j in range(pv.shape[0]):
+                    p |= pv[j] & nonzero_bits
+                any_penalty[c] = p
+                any_set[c] |= p
+        first = n
+        for c in range(n_chunks):
+            if any_set[c] == 0:
+                continue
+            for w in range(CW * c, min(CW * c + CW, n_words)):
+                x = fr[w] | ir[w]
+                if has_penalty and any_penalty[c] != 0:
+                    pv = pr[8 * w:8 * w + 8]
+                    for j in range(8):
+                        x |= ((pv[j] & nonzero_bits) != 0) << (8 * j)
+                if x == 0:
+                    continue
+                if n + 8 > cap:
+                    cap *= 2
+                    grown = np.empty(cap, np.int64)
+                    grown[:n] = flat[:n]
+                    flat = grown
+                for j in range(8):
+                    flat[n] = b * L + 8 * w + j
+                    n += (x >> (8 * j)) & 1
+        K[b] = n - first
+    return flat[:n], K
+
+
+@numba.njit(cache=True, nogil=True)
+def _gather_kernel(flat, rewards, outcome_mask, ig_mask, mask, values, has_penalty):
+    """What lies at each boundary: reward, kind bits, penalty (inputs flattened to [B·L])."""
+    n = flat.shape[0]
+    r = np.empty(n, np.float64)
+    kind = np.empty(n, np.uint8)
+    pen = np.zeros(n, np.float64)
+    for k in range(n):
+        t = flat[k]
+        r[k] = rewards[t]
+        kind[k] = outcome_mask[t] * _KIND_F + ig_mask[t] * _KIND_I + mask[t] * _KIND_IN_MASK
+        if has_penalty:
+            pen[k] = values[t]
+    return r, kind, pen
+
+
+@numba.njit(cache=True, nogil=True)
+def _spread_kernel(A, flat, K, first, mask, out, tokens, tail):
+    """Row by row, segment by segment. Loops run over slice views: indexing a 2-D array from a computed start
+    defeats LLVM's vectorizer (numba's negative-index wraparound), a view's 0-based index does not."""
+    B, L = mask.shape
+    for b in range(B):
+        p = first[b]
+        start = 0
+        for k in range(K[b] + 1):
+            if k < K[b]:
+                end, a = flat[p + k] - b * L + 1, A[p + k]
+            else:
+                end, a = L, 0.0
+            m = mask[b, start:end]
+            o = out[b, start:end]
+            count = 0
+            for t in range(m.shape[0]):
+                count += m[t]
+            if k < K[b]:
+                tokens[p + k] = count
+            else:
+                tail[b] = count
+            if count == end - start:
+                for t in range(o.shape[0]):
+                    o[t] = a
+            else:
+                for t in range(o.shape[0]):
+                    o[t] = a * m[t]
+            start = end
