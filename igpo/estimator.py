@@ -4,7 +4,7 @@ Stock verl (``verl.trainer.ppo.ray_trainer.compute_advantage``) calls a register
 ``token_level_rewards``, ``response_mask``, ``index`` (uid per row) and ``config`` (the ``algorithm`` DictConfig) and
 unpacks exactly ``(advantages, returns)``. On that path the reward positions follow the reference convention (outcome
 at the last valid token, IG at the other non-zero valid tokens), so an IG of exactly 0 is invisible; the IGPO trainer
-mode calls ``igpo.core.advantage.compute_igpo_advantage`` with explicit masks instead.
+mode calls ``igpo.core.advantage.advantage_at_boundaries`` with the reward positions the rollout recorded instead.
 
 Knobs are read from ``algorithm.igpo.<AdvantageConfig field>`` (missing keys keep their defaults), plus
 ``algorithm.gamma`` and ``algorithm.norm_adv_by_std_in_grpo``. The metrics of the last call are left in the

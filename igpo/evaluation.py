@@ -854,7 +854,7 @@ def _settings_lines(settings: Mapping[str, Any]) -> list[str]:
     return [
         f"- model: `{name}` ({model.get('kind')})",
         f"- tools: backend `{tools.get('backend')}`, {where}, top-k {tools.get('top_k')}",
-        f"- judge: " + (f"`{judge.get('model')}` (prompt sha256 {judge.get('prompt_sha256')}, temperature "
+        "- judge: " + (f"`{judge.get('model')}` (prompt sha256 {judge.get('prompt_sha256')}, temperature "
                         f"{judge.get('temperature')})" if judge else "off"),
         f"- max turns {agent.get('max_turns')}, max tokens/turn {agent.get('max_tokens_per_turn')}, sampling "
         f"temperature {sampling.get('temperature')} top-p {sampling.get('top_p')}",

@@ -3,13 +3,14 @@
 verl's registered estimators only see ``token_level_rewards``/``response_mask``/``uid``; IGPO needs each
 trajectory's turn structure. This subclass of the stock synchronous trainer replaces one method,
 ``_compute_advantage``: it reads the agent loop's ``extra_fields`` (turn ends, tool names, format flags, answer
-log-probs per boundary) from TransferQueue and builds the per-turn rewards with explicit masks:
+log-probs per boundary) from TransferQueue and places the per-turn rewards at the recorded turn ends:
 
     IG_j = v_{j+1} − v_prev   (igpo.core.info_gain)     on the last generated token of turn j
     outcome (F1/judge), or the answer-format penalty    on the last generated token of the trajectory
     format penalty of turn j                             on the last generated token of turn j (own channel)
 
-then calls ``igpo.core.advantage.compute_igpo_advantage`` and logs the ``igpo/*`` metrics. The warm-up gate and the
+as reward positions (``igpo.core.info_gain.turn_boundaries``; no [B, L] reward tensor is built), then calls
+``igpo.core.advantage.advantage_at_boundaries`` and logs the ``igpo/*`` metrics. The warm-up gate and the
 curriculum are applied here; the gate's state is saved beside verl's checkpoints (``igpo_state.json``).
 """
 
@@ -33,9 +34,9 @@ from verl.workers.utils.padding import response_to_nested
 from igpo.actor_worker import IGPOActorRolloutRefWorker
 from igpo.config import IGPOConfig
 from igpo.core.ground_truth import answer_probes
-from igpo.core.scoring import ScoringConfig, validate_request
-from igpo.core.advantage import WarmupGate, compute_igpo_advantage, curriculum_weights
-from igpo.core.info_gain import place_on_tokens, reduce_alias_logprobs, scored_boundaries, turn_format_penalty, \
+from igpo.core.scoring import validate_request
+from igpo.core.advantage import WarmupGate, advantage_at_boundaries, curriculum_weights
+from igpo.core.info_gain import reduce_alias_logprobs, scored_boundaries, turn_boundaries, turn_format_penalty, \
     turn_information_gain
 
 logger = logging.getLogger(__name__)
@@ -177,11 +178,8 @@ class IGPOTrainerSync(PPOTrainerSync):
 
         group_of: dict = {}
         group = torch.tensor([group_of.setdefault(u, len(group_of)) for u in uids], dtype=torch.long)
-        lengths = response_mask.long().cumsum(-1)
         has_tokens = response_mask.any(-1)
-        last = torch.where(has_tokens, (response_mask * torch.arange(L)).argmax(-1), torch.zeros(B, dtype=torch.long))
-        outcome_mask = torch.zeros(B, L, dtype=torch.bool)
-        outcome_mask[torch.arange(B)[has_tokens], last[has_tokens]] = True
+        last = torch.where(has_tokens, (L - 1) - response_mask.flip(-1).to(torch.uint8).argmax(-1), -1)
         outcome = rm_scores.sum(-1)
 
         num_turns, turn_ends, format_ok, tool_names, boundary_lp = _turn_tensors(
@@ -208,22 +206,18 @@ class IGPOTrainerSync(PPOTrainerSync):
 
         # Turn j < N-1 ends on its last generated token; the final turn carries the outcome instead.
         tool_turn = torch.arange(T - 1)[None, :] < (num_turns[:, None] - 1)
-        ig_dense, ig_mask = place_on_tokens(ig, ig_turn_mask & tool_turn, turn_ends[:, :-1], L)
-        penalty_turns = penalty[:, :-1]
-        pen_dense, _ = place_on_tokens(penalty_turns, (penalty_turns != 0) & tool_turn, turn_ends[:, :-1], L)
         # The reference replaces the outcome by the answer-format penalty when the final answer is malformed.
         outcome = torch.where(answer_penalty != 0, answer_penalty, outcome)
-        ig_mask = ig_mask & response_mask & ~outcome_mask
-        rewards = torch.where(ig_mask, ig_dense, 0.0) + torch.where(outcome_mask, outcome[:, None], 0.0)
+        bounds = turn_boundaries(ig, ig_turn_mask & tool_turn, torch.where(tool_turn, penalty[:, :-1], 0.0),
+                                 turn_ends[:, :-1], outcome, last, response_mask)
 
         w_outcome, w_ig = curriculum_weights(self.global_steps, self.total_training_steps, self.igpo.curriculum)
-        advantages, returns, adv_metrics = compute_igpo_advantage(
-            rewards, outcome_mask, ig_mask, response_mask, group, self.igpo.advantage,
-            outcome_weight=w_outcome, ig_weight_schedule=w_ig, penalty=torch.where(response_mask, pen_dense, 0.0))
+        advantages, returns, adv_metrics = advantage_at_boundaries(
+            bounds, response_mask, group, self.igpo.advantage, outcome_weight=w_outcome, ig_weight_schedule=w_ig)
 
         metrics.update(adv_metrics)
         metrics.update({f"igpo/{k}": v for k, v in ig_stats.items()})
-        metrics.update(self._rollout_metrics(extras, num_turns, lengths))
+        metrics.update(self._rollout_metrics(extras, num_turns))
         metrics["igpo/ig_gate_active"] = float(gate_open)
         metrics["igpo/outcome_score_ema"] = float(self.warmup.ema if self.warmup.ema is not None else 0.0)
         if self.igpo.curriculum.enabled:
@@ -241,7 +235,7 @@ class IGPOTrainerSync(PPOTrainerSync):
             metrics["igpo/scoring_step_share"] = metrics["timing_s/igpo_scoring"] / timing_raw["step"]
 
     @staticmethod
-    def _rollout_metrics(extras: list[dict], num_turns: torch.Tensor, lengths: torch.Tensor) -> dict[str, float]:
+    def _rollout_metrics(extras: list[dict], num_turns: torch.Tensor) -> dict[str, float]:
         """Rollout health: infra errors (not the model's fault), forced finals, cut-offs, truncations."""
         def share(key: str) -> float:
             return float(np.mean([bool(e.get(key, False)) for e in extras])) if extras else 0.0

@@ -1,4 +1,4 @@
-"""IG recurrence (vs the slow reference), boundary selection, format penalties and token placement."""
+"""IG recurrence (vs the slow reference), boundary selection, format penalties and reward placement."""
 
 import math
 import sys
@@ -10,12 +10,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from reference_advantage import reference_advantage, reference_info_gain  # noqa: E402
 
-from igpo.core.advantage import AdvantageConfig, compute_igpo_advantage  # noqa: E402
+from igpo.core.advantage import AdvantageConfig, advantage_at_boundaries, compute_igpo_advantage  # noqa: E402
 from igpo.core.info_gain import (  # noqa: E402
     InfoGainConfig,
-    place_on_tokens,
     reduce_alias_logprobs,
     scored_boundaries,
+    turn_boundaries,
     turn_format_penalty,
     turn_information_gain,
 )
@@ -122,17 +122,71 @@ def test_format_penalty_channel():
     assert not pen.any() and not ans.any()
 
 
-def test_place_on_tokens():
-    values = torch.tensor([[0.5, 0.0, 7.0], [1.0, 2.0, 3.0]])
-    mask = torch.tensor([[True, True, False], [False, True, True]])
-    index = torch.tensor([[3, 0, 99], [0, 4, 5]])
-    dense, dmask = place_on_tokens(values, mask, index, 6)
-    assert dense.tolist() == [[0.0, 0, 0, 0.5, 0, 0], [0, 0, 0, 0, 2.0, 3.0]]
-    assert dmask.nonzero().tolist() == [[0, 0], [0, 3], [1, 4], [1, 5]]  # the zero IG keeps its position
+def _dense_placement(ig, ig_mask, penalty, ends, outcome, outcome_pos, m):
+    """The reward tensors the boundaries stand for, built token by token (the documented placement rules)."""
+    B, L = m.shape
+    rewards, F, I, pen = torch.zeros(B, L), torch.zeros(B, L, dtype=torch.bool), torch.zeros(B, L, dtype=torch.bool), \
+        torch.zeros(B, L)
+    for i in range(B):
+        if outcome_pos[i] >= 0:
+            F[i, outcome_pos[i]] = True
+            rewards[i, outcome_pos[i]] = outcome[i]
+        for j in range(ig.shape[1]):
+            t = int(ends[i, j])
+            if not m[i, t]:
+                continue
+            if ig_mask[i, j] and t != outcome_pos[i]:
+                I[i, t] = True
+                rewards[i, t] = ig[i, j]
+            pen[i, t] = penalty[i, j]
+    return rewards, F, I, pen
+
+
+def test_turn_boundaries_place_ig_penalty_and_outcome():
+    ig = torch.tensor([[0.5, 0.0, 7.0], [1.0, 2.0, 3.0]])
+    ig_mask = torch.tensor([[True, True, False], [False, True, True]])
+    penalty = torch.tensor([[0.0, 0.0, -1.0], [-1.0, 0.0, -1.0]])
+    ends = torch.tensor([[3, 0, 4], [0, 4, 5]])
+    m = torch.ones(2, 6, dtype=torch.bool)
+    m[1, 4] = False  # row 1's second turn ends on a masked token: dropped
+    b = turn_boundaries(ig, ig_mask, penalty, ends, torch.tensor([1.0, 0.0]), torch.tensor([5, 5]), m)
+    assert b.flat.tolist() == [0, 3, 4, 5, 6, 11]
+    assert b.K.tolist() == [4, 2]
+    assert b.r.tolist() == [0.0, 0.5, 0.0, 1.0, 0.0, 0.0]  # the zero IG at token 0 keeps its position
+    assert b.is_i.tolist() == [True, True, False, False, False, False]
+    assert b.is_f.tolist() == [False, False, False, True, False, True]
+    assert b.pen.tolist() == [0.0, 0.0, -1.0, 0.0, -1.0, -1.0]  # row 1's turn on the outcome token: penalty joins
     with pytest.raises(ValueError, match=r"\[0, 6\)"):
-        place_on_tokens(values, torch.ones_like(mask), index, 6)
-    with pytest.raises(ValueError, match="same token"):
-        place_on_tokens(values, torch.ones_like(mask), torch.tensor([[1, 1, 2], [0, 1, 2]]), 6)
+        turn_boundaries(ig, ig_mask, penalty, ends + 3, torch.zeros(2), torch.tensor([5, 5]), m)
+    with pytest.raises(ValueError, match="on one token"):
+        turn_boundaries(ig, torch.ones_like(ig_mask), penalty, torch.tensor([[1, 1, 2], [0, 1, 2]]), torch.zeros(2),
+                        torch.tensor([5, 5]), m)
+
+
+def test_turn_boundaries_give_the_advantage_of_the_dense_tensors():
+    gen = torch.Generator().manual_seed(31)
+    B, T, L = 16, 9, 300
+    ends = torch.stack([torch.randperm(L - 1, generator=gen)[:T].sort().values for _ in range(B)])
+    ig = torch.randn(B, T, generator=gen)
+    ig_mask = torch.rand(B, T, generator=gen) < 0.7
+    penalty = torch.where(torch.rand(B, T, generator=gen) < 0.2, -0.5, 0.0)
+    resp = torch.randint(L // 2, L + 1, (B,), generator=gen)
+    m = torch.arange(L)[None, :] < resp[:, None]
+    m &= torch.rand(B, L, generator=gen) < 0.9  # holes (tool tokens) that some turn ends fall into
+    m[:3] = False  # trajectories without tokens
+    has = m.any(1)
+    outcome_pos = torch.where(has, (m * torch.arange(L)).argmax(1), -1)
+    ends[3, 2] = outcome_pos[3]  # a turn ending on the outcome token
+    outcome = torch.rand(B, generator=gen).round()
+    group = torch.arange(B) // 4
+    b = turn_boundaries(ig, ig_mask, penalty, ends, outcome, outcome_pos, m)
+    cfg = AdvantageConfig(norm_group="group_turn")
+    adv, _, metrics = advantage_at_boundaries(b, m, group, cfg)
+    rewards, F, I, pen = _dense_placement(ig, ig_mask, penalty, ends, outcome, outcome_pos, m)
+    dense, _, dense_metrics = compute_igpo_advantage(rewards, F, I, m, group, cfg, penalty=pen)
+    assert torch.equal(adv, dense)
+    assert metrics == dense_metrics
+    assert adv.abs().max() > 0
 
 
 def test_chain_with_nan_logprobs_matches_reference():
@@ -155,14 +209,17 @@ def test_chain_with_nan_logprobs_matches_reference():
         e = torch.randperm(L - 1, generator=gen)[:n].sort().values
         ends[i, :n] = e
         resp[i] = e[-1] + 1
-    dense_ig, dense_ig_mask = place_on_tokens(ig.float(), ig_mask, ends[:, : S - 1], L)
     m = torch.arange(L)[None, :] < resp[:, None]
+    outcome = torch.rand(B, generator=gen).round()
+    bounds = turn_boundaries(ig.float(), ig_mask, torch.zeros(B, S - 1), ends[:, : S - 1], outcome, resp - 1, m)
+    group = torch.arange(B) // 4
+    adv, _, _ = advantage_at_boundaries(bounds, m, group, AdvantageConfig())
     outcome_mask = torch.zeros(B, L, dtype=torch.bool)
     outcome_mask[torch.arange(B), resp - 1] = True
-    rewards = dense_ig.clone()
-    rewards[outcome_mask] = torch.rand(B, generator=gen).round()
-    group = torch.arange(B) // 4
-    adv, _, _ = compute_igpo_advantage(rewards, outcome_mask, dense_ig_mask, m, group, AdvantageConfig())
+    rewards = torch.zeros(B, L)
+    rewards[outcome_mask] = outcome
+    dense_ig_mask = torch.zeros(B, L, dtype=torch.bool)
+    dense_ig_mask.view(-1)[bounds.flat[torch.from_numpy(bounds.is_i)]] = True
 
     ref_rewards = torch.zeros(B, L, dtype=torch.float64)
     ref_ig_mask = torch.zeros(B, L, dtype=torch.bool)

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from igpo.core.token_passes import find_boundaries, spread
+from igpo.core.token_passes import Boundaries, find_boundaries, spread
 
 NORM_MODES = ("joint", "separate", "scaled_separate", "raw_ig")
 NORM_ORDERS = ("before_discount", "after_discount")
@@ -373,12 +373,38 @@ def compute_igpo_advantage(
             positions of their own (a penalised turn without IG still ends a segment, as in the reference).
     """
     _check_inputs(rewards, outcome_mask, ig_mask, response_mask, group, penalty, outcome_weight, ig_weight_schedule)
-    B, L = rewards.shape
     rewards, outcome_mask, ig_mask, response_mask = (
         t.contiguous() for t in (rewards, outcome_mask, ig_mask, response_mask))
     penalty = penalty.contiguous() if penalty is not None else None
-    out = _empty_tokens((B, L), rewards.dtype, rewards.device)
     bounds = find_boundaries(rewards, outcome_mask, ig_mask, response_mask, penalty)
+    return advantage_at_boundaries(bounds, response_mask, group, cfg, outcome_weight=outcome_weight,
+                                   ig_weight_schedule=ig_weight_schedule, dtype=rewards.dtype)
+
+
+@torch.no_grad()
+def advantage_at_boundaries(
+    bounds: Boundaries,
+    response_mask: Tensor,
+    group: Tensor,
+    cfg: AdvantageConfig,
+    *,
+    outcome_weight: float = 1.0,
+    ig_weight_schedule: float = 1.0,
+    dtype: torch.dtype = torch.float32,
+) -> tuple[Tensor, Tensor, dict[str, float]]:
+    """``compute_igpo_advantage`` from reward positions given directly (``Boundaries.at``, e.g. built from the turn
+    ends the rollout recorded), which skips the pass over [B, L] masks that finds them. Output in ``dtype``."""
+    B, L = response_mask.shape
+    if response_mask.dtype != torch.bool:
+        raise ValueError(f"response_mask must be a bool [B, L] tensor; got {response_mask.dtype}.")
+    if group.shape != (B,) or group.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"group must be an integer [B] = ({B},) tensor of group ids; got {group.dtype} "
+                         f"{tuple(group.shape)}.")
+    for name, w in (("outcome_weight", outcome_weight), ("ig_weight_schedule", ig_weight_schedule)):
+        if not math.isfinite(w):
+            raise ValueError(f"{name}={w!r} must be finite.")
+    response_mask = response_mask.contiguous()
+    out = _empty_tokens((B, L), dtype, response_mask.device)
 
     # The turn-level work is O(#boundaries), on host arrays.
     K, r, is_f, is_i, pen = bounds.K.cpu().numpy(), bounds.r, bounds.is_f, bounds.is_i, bounds.pen

@@ -17,10 +17,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from igpo.core.ground_truth import ALIAS_MODES
+from igpo.core.token_passes import Boundaries
 
 INFO_GAIN_TYPES = ("log_prob_diff", "prob_diff")
 
@@ -190,28 +192,46 @@ def turn_format_penalty(turn_format_ok: Tensor, num_turns: Tensor, cfg: InfoGain
     return penalty, answer_penalty
 
 
-def place_on_tokens(values: Tensor, mask: Tensor, token_index: Tensor, length: int) -> tuple[Tensor, Tensor]:
-    """Scatter per-turn values onto response tokens at indices recorded by the rollout (§1.6, fixing §10 item 14).
+def turn_boundaries(ig: Tensor, ig_mask: Tensor, penalty: Tensor, turn_ends: Tensor, outcome: Tensor,
+                    outcome_pos: Tensor, response_mask: Tensor) -> Boundaries:
+    """The advantage's reward positions from the turn ends the rollout recorded (§1.6, fixing §10 item 14): no text
+    is re-parsed and no [B, L] reward tensor is built.
 
-    ``dense[i, token_index[i, t]] = values[i, t]`` for every ``mask[i, t]``; ``dense_mask`` marks those tokens.
-    Indices are never re-detected from text. Raises on indices outside [0, length) or two turns on one token.
+    Tool turn j of trajectory i ends on token ``turn_ends[i, j]`` ([B, T'] like ``ig``, ``ig_mask``, ``penalty``): its
+    IG sits there where ``ig_mask`` (a zero IG included), its format penalty where ``penalty != 0``. The outcome
+    ``outcome[i]`` sits on ``outcome_pos[i]`` (the last response token; -1: no tokens, no outcome). A turn entry on a
+    token outside ``response_mask`` is dropped; on the outcome's token its IG is dropped and its penalty joins the
+    outcome's position. Raises on token indices outside the response or two turns on one token.
     """
-    if not (values.shape == mask.shape == token_index.shape) or values.dim() != 2:
-        raise ValueError(f"values, mask and token_index must share one [B, T] shape; got {tuple(values.shape)}, "
-                         f"{tuple(mask.shape)}, {tuple(token_index.shape)}.")
-    if mask.dtype != torch.bool:
-        raise ValueError(f"mask must be bool; got {mask.dtype}.")
-    B = values.shape[0]
-    used = token_index[mask]
-    if used.numel() and (int(used.min()) < 0 or int(used.max()) >= length):
-        raise ValueError(f"turn-end token indices must lie in [0, {length}); got min {int(used.min())}, "
-                         f"max {int(used.max())}. The rollout recorded them against a different response length.")
-    safe_index = torch.where(mask, token_index, torch.zeros_like(token_index))
-    hits = torch.zeros(B, length, dtype=torch.long, device=values.device)
-    hits.scatter_add_(1, safe_index, mask.long())
-    if bool((hits > 1).any()):
-        raise ValueError("two turns were placed on the same token; turn-end indices must be distinct per trajectory.")
-    dense = torch.zeros(B, length, dtype=values.dtype, device=values.device)
-    rows = torch.arange(B, device=values.device)[:, None].expand_as(mask)[mask]
-    dense[rows, used] = values[mask]
-    return dense, hits > 0
+    if not (ig.shape == ig_mask.shape == penalty.shape == turn_ends.shape) or ig.dim() != 2:
+        raise ValueError(f"ig, ig_mask, penalty and turn_ends must share one [B, T] shape; got {tuple(ig.shape)}, "
+                         f"{tuple(ig_mask.shape)}, {tuple(penalty.shape)}, {tuple(turn_ends.shape)}.")
+    if ig_mask.dtype != torch.bool:
+        raise ValueError(f"ig_mask must be bool; got {ig_mask.dtype}.")
+    B, L = response_mask.shape
+    # Turn-level data is small: work on host arrays (numpy's per-call overhead is a fraction of torch's).
+    ig, ig_mask, penalty, turn_ends, outcome, outcome_pos = (
+        t.detach().cpu().numpy() for t in (ig, ig_mask, penalty, turn_ends, outcome, outcome_pos))
+    row, col = np.nonzero(ig_mask | (penalty != 0))
+    pos = turn_ends[row, col]
+    if pos.size and (pos.min() < 0 or pos.max() >= L):
+        raise ValueError(f"turn-end token indices must lie in [0, {L}); got min {pos.min()}, max {pos.max()}. "
+                         "The rollout recorded them against a different response length.")
+    if response_mask.device.type == "cpu":
+        inside = response_mask.reshape(-1).view(torch.uint8).numpy()[row * L + pos] != 0
+    else:
+        inside = response_mask[torch.from_numpy(row), torch.from_numpy(pos)].cpu().numpy()
+    at_outcome = pos == outcome_pos[row]
+    is_i = ig_mask[row, col] & inside & ~at_outcome
+    pen = np.where(inside, penalty[row, col], 0.0)
+    outcome_pen = np.bincount(row[at_outcome], weights=pen[at_outcome], minlength=B)
+    keep = (is_i | (pen != 0)) & ~at_outcome
+    rows_f = np.flatnonzero(outcome_pos >= 0)
+    return Boundaries.at(
+        rows=np.concatenate([row[keep], rows_f]),
+        positions=np.concatenate([pos[keep], outcome_pos[rows_f]]),
+        rewards=np.concatenate([np.where(is_i, ig[row, col], 0.0)[keep], outcome[rows_f]]),
+        is_f=np.concatenate([np.zeros(int(keep.sum()), bool), np.ones(rows_f.size, bool)]),
+        is_i=np.concatenate([is_i[keep], np.zeros(rows_f.size, bool)]),
+        penalty=np.concatenate([pen[keep], outcome_pen[rows_f]]),
+        response_mask=response_mask)

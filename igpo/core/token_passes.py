@@ -47,6 +47,38 @@ class Boundaries:
     in_mask: np.ndarray
     pen: np.ndarray | None
 
+    @classmethod
+    def at(cls, rows: np.ndarray, positions: np.ndarray, rewards: np.ndarray, is_f: np.ndarray, is_i: np.ndarray,
+           penalty: np.ndarray | None, response_mask: Tensor) -> "Boundaries":
+        """Reward positions given explicitly, one entry per token in any order (host arrays [n]): trajectory ``rows``,
+        token ``positions``, and what lies there (reward, outcome / IG flags, penalty or None). O(n log n); no pass
+        over the [B, L] tokens."""
+        B, L = response_mask.shape
+        n = rows.shape[0]
+        for name, x in (("positions", positions), ("rewards", rewards), ("is_f", is_f), ("is_i", is_i),
+                        ("penalty", penalty)):
+            if x is not None and x.shape != (n,):
+                raise ValueError(f"{name} must be a [n] = ({n},) array like rows; got {x.shape}.")
+        if n and (rows.min() < 0 or rows.max() >= B or positions.min() < 0 or positions.max() >= L):
+            raise ValueError(f"reward positions must lie in the [{B}, {L}] response grid; got rows {rows.min()}.."
+                             f"{rows.max()}, tokens {positions.min()}..{positions.max()}.")
+        flat = rows.astype(np.int64) * L + positions
+        order = np.argsort(flat, kind="stable")
+        flat = flat[order]
+        same = np.flatnonzero(flat[1:] == flat[:-1])
+        if same.size:
+            row, token = divmod(int(flat[same[0]]), L)
+            raise ValueError(f"two reward entries on one token (trajectory {row}, token {token}); turn ends must be "
+                             "distinct per trajectory, and a token carries one outcome or IG reward and one penalty.")
+        if response_mask.device.type == "cpu":
+            in_mask = response_mask.reshape(-1).view(torch.uint8).numpy()[flat] != 0
+        else:
+            in_mask = response_mask.reshape(-1)[torch.from_numpy(flat).to(response_mask.device)].cpu().numpy()
+        device = response_mask.device
+        return cls(torch.from_numpy(flat).to(device), torch.from_numpy(np.bincount(rows, minlength=B)).to(device),
+                   rewards[order].astype(np.float64), is_f[order].astype(bool), is_i[order].astype(bool), in_mask,
+                   penalty[order].astype(np.float64) if penalty is not None else None)
+
 
 def _use_kernels(*tensors: Tensor | None) -> bool:
     return all(t is None or (t.device.type == "cpu" and (t.dtype == torch.bool or t.dtype in _KERNEL_DTYPES))
