@@ -1,4 +1,4 @@
-"""The IGPO turn-level advantage (igpo.md §2), vectorized over the batch.
+"""The IGPO turn-level advantage (igpo.md §2).
 
 Per trajectory i the rewarded positions ("boundaries") are, in token order, the IG positions I (one per scored turn,
 at the turn's last token), optional format-penalty positions, and the outcome position F (the last response token).
@@ -13,10 +13,13 @@ Group z-score of rewards r over a mask M, per prompt group g (positions of all r
     μ_g = mean_{M ∩ g} r,  σ_g = sqrt(mean_{M ∩ g} (r − μ_g)² + 1e-8)  (σ_g := 1 if |M ∩ g| ≤ 1),
     ẑ(M) = (r − μ_g) / (σ_g + ε)   (no division when norm_adv_by_std is False).
 
-Implementation: two passes over the [B, L] tokens (``igpo.core.token_passes``) find the boundaries as flat index
-tensors and, at the end, write each segment's advantage onto its tokens. In between, boundaries are compacted to
-padded per-trajectory turn slots [B, K_max], normalized and scanned there in float64. No Python loop over samples
-or boundaries; the scan loops over K_max only.
+Implementation, three stages, none of them a Python loop over samples, turns or tokens:
+    1. reward positions: found in dense [B, L] masks (``compute_igpo_advantage``, one streaming pass in
+       ``igpo.core.token_passes``) or given directly (``advantage_at_boundaries`` with ``Boundaries.at``, e.g. from
+       the turn ends the rollout recorded: ``igpo.core.info_gain.turn_boundaries``);
+    2. the turn-level math above, in float64 over the flat list of boundaries (row-major, K_i per row):
+       ``_turn_advantages``, compiled with numba (a few linear passes; ~20 K boundaries take well under 1 ms);
+    3. each segment's advantage written onto its tokens (``token_passes.spread``, one streaming pass).
 """
 
 from __future__ import annotations
@@ -163,8 +166,7 @@ def _empty_tokens(shape: tuple[int, int], dtype: torch.dtype, device: torch.devi
     return torch.from_numpy(np.empty(shape, dtype=np_dtype))
 
 
-# Boundary kinds (bits) and mode codes passed to the compiled turn-level kernel.
-_KIND_F, _KIND_I = 1, 2
+# Mode codes passed to the compiled turn-level kernel.
 _MODE_CODE = {mode: code for code, mode in enumerate(NORM_MODES)}
 _JOINT, _SCALED_SEPARATE, _RAW_IG = _MODE_CODE["joint"], _MODE_CODE["scaled_separate"], _MODE_CODE["raw_ig"]
 
@@ -211,10 +213,10 @@ def _pooled_z(v, sel, key, num_keys, divide, eps, z):
 
 
 @numba.njit(cache=True, nogil=True)
-def _turn_advantages(K, g, num_groups, r, kind, pen, mode, gamma, adaptive_w, after_discount, group_turn, divide,
+def _turn_advantages(K, g, num_groups, r, is_f, is_i, pen, mode, gamma, adaptive_w, after_discount, group_turn, divide,
                      eps, ig_weight, scale_floor, scale_cap, outcome_weight, ig_schedule):
-    """Per-boundary advantages A (flat, row-major) from rewards r, kinds and penalties: normalize (mode), weight,
-    discount (order). Returns (A, γ_i per row, [ig_scale, |ẑ(F)| mean, |scaled ẑ(I)| mean, mean r/σ over I])."""
+    """Per-boundary advantages A (flat, row-major) from rewards r, outcome / IG flags and penalties: normalize (mode),
+    weight, discount (order). Returns (A, γ_i per row, [ig_scale, |ẑ(F)| mean, |scaled ẑ(I)| mean, mean r/σ over I])."""
     B, n = K.shape[0], r.shape[0]
     raw_ig = mode == _RAW_IG
     gam = np.full(B, 0.0 if raw_ig else gamma)
@@ -224,15 +226,12 @@ def _turn_advantages(K, g, num_groups, r, kind, pen, mode, gamma, adaptive_w, af
                 gam[i] = adaptive_w ** (1.0 / K[i])
     row = np.empty(n, np.int64)
     ordinal = np.zeros(n, np.int64)  # rank of an IG boundary among its trajectory's IG boundaries
-    is_f = np.empty(n, np.bool_)
-    is_i = np.empty(n, np.bool_)
     ig_max = 1
     p = 0
     for i in range(B):
         seen = 0
         for _ in range(K[i]):
             row[p], ordinal[p] = i, seen
-            is_f[p], is_i[p] = (kind[p] & _KIND_F) != 0, (kind[p] & _KIND_I) != 0
             seen += is_i[p]
             p += 1
         ig_max = max(ig_max, seen)
@@ -412,11 +411,10 @@ def advantage_at_boundaries(
     _check_positions(r, is_f, is_i, bounds.in_mask, pen, rows, B)
     _, g = np.unique(group.cpu().numpy(), return_inverse=True)
     num_groups = int(g.max()) + 1 if B else 0
-    kind = (is_f * _KIND_F + is_i * _KIND_I).astype(np.uint8)
     if pen is None:
         pen = np.zeros_like(r)
     A, gamma, stats = _turn_advantages(
-        K, g.astype(np.int64), num_groups, r, kind, pen, _MODE_CODE[cfg.norm_mode], cfg.gamma,
+        K, g.astype(np.int64), num_groups, r, is_f, is_i, pen, _MODE_CODE[cfg.norm_mode], cfg.gamma,
         cfg.adaptive_gamma_min_weight, cfg.norm_order == "after_discount", cfg.norm_group == "group_turn",
         cfg.norm_adv_by_std, cfg.epsilon, cfg.ig_weight, cfg.scale_floor, cfg.scale_cap, float(outcome_weight),
         float(ig_weight_schedule))
