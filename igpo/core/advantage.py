@@ -132,8 +132,12 @@ def _check_inputs(rewards, outcome_mask, ig_mask, response_mask, group, penalty,
             raise ValueError(f"{name} must be a bool tensor of the rewards' shape {shape}; got {t.dtype} {tuple(t.shape)}.")
     if penalty is not None and (tuple(penalty.shape) != shape or not torch.is_floating_point(penalty)):
         raise ValueError(f"penalty must be a float tensor of shape {shape}; got {penalty.dtype} {tuple(penalty.shape)}.")
-    if group.shape != (shape[0],) or group.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"group must be an integer [B] = ({shape[0]},) tensor of group ids; got {group.dtype} "
+    _check_group_and_weights(shape[0], group, outcome_weight, ig_weight_schedule)
+
+
+def _check_group_and_weights(B: int, group: Tensor, outcome_weight: float, ig_weight_schedule: float) -> None:
+    if group.shape != (B,) or group.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"group must be an integer [B] = ({B},) tensor of group ids; got {group.dtype} "
                          f"{tuple(group.shape)}.")
     for name, w in (("outcome_weight", outcome_weight), ("ig_weight_schedule", ig_weight_schedule)):
         if not math.isfinite(w):
@@ -396,12 +400,7 @@ def advantage_at_boundaries(
     B, L = response_mask.shape
     if response_mask.dtype != torch.bool:
         raise ValueError(f"response_mask must be a bool [B, L] tensor; got {response_mask.dtype}.")
-    if group.shape != (B,) or group.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"group must be an integer [B] = ({B},) tensor of group ids; got {group.dtype} "
-                         f"{tuple(group.shape)}.")
-    for name, w in (("outcome_weight", outcome_weight), ("ig_weight_schedule", ig_weight_schedule)):
-        if not math.isfinite(w):
-            raise ValueError(f"{name}={w!r} must be finite.")
+    _check_group_and_weights(B, group, outcome_weight, ig_weight_schedule)
     response_mask = response_mask.contiguous()
     out = _empty_tokens((B, L), dtype, response_mask.device)
 
