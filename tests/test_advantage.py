@@ -5,6 +5,7 @@ import math
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -368,3 +369,17 @@ def test_cpu_float_inputs_take_the_kernels(token_passes, monkeypatch):
     rewards, F, I, m, group, pen = random_batch(2, 2, 64, 4, seed=27, penalty_frac=0.3)
     compute_igpo_advantage(rewards, F, I, m, group, AdvantageConfig(), penalty=pen)
     assert calls == ["_find_kernel", "_spread_kernel"]
+
+
+def test_positions_built_for_another_layout_are_refused():
+    from igpo.core.advantage import advantage_at_boundaries
+    from igpo.core.token_passes import Boundaries
+
+    m = torch.ones(2, 40, dtype=torch.bool)
+    bounds = Boundaries.at(np.array([0, 1]), np.array([39, 39]), np.array([1.0, 0.0]), np.array([True, True]),
+                           np.array([False, False]), None, m)
+    for other in (torch.ones(2, 20, dtype=torch.bool), torch.ones(3, 40, dtype=torch.bool)):
+        with pytest.raises(ValueError, match="another batch layout"):
+            advantage_at_boundaries(bounds, other, torch.arange(other.shape[0]), AdvantageConfig())
+    with pytest.raises(ValueError, match="integer array"):
+        Boundaries.at(np.array([0.0]), np.array([3]), np.array([1.0]), np.array([True]), np.array([False]), None, m)

@@ -143,10 +143,10 @@ def _dense_placement(ig, ig_mask, penalty, ends, outcome, outcome_pos, m):
 
 
 def test_turn_boundaries_place_ig_penalty_and_outcome():
-    ig = torch.tensor([[0.5, 0.0, 7.0], [1.0, 2.0, 3.0]])
+    ig = torch.tensor([[0.0, 0.5, 7.0], [1.0, 2.0, 3.0]])
     ig_mask = torch.tensor([[True, True, False], [False, True, True]])
     penalty = torch.tensor([[0.0, 0.0, -1.0], [-1.0, 0.0, -1.0]])
-    ends = torch.tensor([[3, 0, 4], [0, 4, 5]])
+    ends = torch.tensor([[0, 3, 4], [0, 4, 5]])
     m = torch.ones(2, 6, dtype=torch.bool)
     m[1, 4] = False  # row 1's second turn ends on a masked token: dropped
     b = turn_boundaries(ig, ig_mask, penalty, ends, torch.tensor([1.0, 0.0]), torch.tensor([5, 5]), m)
@@ -158,9 +158,12 @@ def test_turn_boundaries_place_ig_penalty_and_outcome():
     assert b.pen.tolist() == [0.0, 0.0, -1.0, 0.0, -1.0, -1.0]  # row 1's turn on the outcome token: penalty joins
     with pytest.raises(ValueError, match=r"\[0, 6\)"):
         turn_boundaries(ig, ig_mask, penalty, ends + 3, torch.zeros(2), torch.tensor([5, 5]), m)
-    with pytest.raises(ValueError, match="on one token"):
-        turn_boundaries(ig, torch.ones_like(ig_mask), penalty, torch.tensor([[1, 1, 2], [0, 1, 2]]), torch.zeros(2),
-                        torch.tensor([5, 5]), m)
+    for bad_ends in ([[1, 1, 2], [0, 1, 2]], [[0, 3, 4], [5, 5, 1]]):  # two turns on one token (also the outcome's)
+        with pytest.raises(ValueError, match="same token"):
+            turn_boundaries(ig, torch.ones_like(ig_mask), penalty, torch.tensor(bad_ends), torch.zeros(2),
+                            torch.tensor([5, 5]), m)
+    with pytest.raises(ValueError, match="response_mask must be bool"):
+        turn_boundaries(ig, ig_mask, penalty, ends, torch.zeros(2), torch.tensor([5, 5]), m.long())
 
 
 def test_turn_boundaries_give_the_advantage_of_the_dense_tensors():
@@ -176,7 +179,7 @@ def test_turn_boundaries_give_the_advantage_of_the_dense_tensors():
     m[:3] = False  # trajectories without tokens
     has = m.any(1)
     outcome_pos = torch.where(has, (m * torch.arange(L)).argmax(1), -1)
-    ends[3, 2] = outcome_pos[3]  # a turn ending on the outcome token
+    ends[3] = torch.linspace(0, int(outcome_pos[3]), T).long()  # its last tool turn ends on the outcome token
     outcome = torch.rand(B, generator=gen).round()
     group = torch.arange(B) // 4
     b = turn_boundaries(ig, ig_mask, penalty, ends, outcome, outcome_pos, m)

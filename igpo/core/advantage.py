@@ -153,12 +153,14 @@ def _check_positions(r: np.ndarray, is_f: np.ndarray, is_i: np.ndarray, in_mask:
     if pen is not None and not np.isfinite(pen).all():
         raise ValueError("penalty contains NaN or inf.")
     if (is_f & is_i).any():
-        raise ValueError("outcome_mask and ig_mask overlap; a token carries either the outcome or an IG reward.")
+        raise ValueError("a token is marked both outcome and IG (outcome_mask and ig_mask overlap); a token carries "
+                         "either the outcome or an IG reward.")
     if not in_mask.all():
         raise ValueError("a reward position lies outside response_mask; outcome, IG and penalty positions must be "
                          "valid response tokens.")
     if (np.bincount(rows[is_f], minlength=B) > 1).any():
-        raise ValueError("a trajectory has more than one outcome position; outcome_mask allows at most one per row.")
+        raise ValueError("a trajectory has more than one outcome position; at most one per row (the last response "
+                         "token).")
 
 
 def _empty_tokens(shape: tuple[int, int], dtype: torch.dtype, device: torch.device) -> Tensor:
@@ -401,6 +403,11 @@ def advantage_at_boundaries(
     if response_mask.dtype != torch.bool:
         raise ValueError(f"response_mask must be a bool [B, L] tensor; got {response_mask.dtype}.")
     _check_group_and_weights(B, group, outcome_weight, ig_weight_schedule)
+    n = bounds.r.shape[0]
+    if bounds.K.shape != (B,) or int(bounds.K.sum()) != n or (n and int(bounds.flat.max()) >= B * L):
+        raise ValueError(f"the reward positions were built for another batch layout than response_mask [{B}, {L}] "
+                         f"(K {tuple(bounds.K.shape)} summing to {int(bounds.K.sum())}, {n} entries); build them "
+                         "against this response_mask.")
     response_mask = response_mask.contiguous()
     out = _empty_tokens((B, L), dtype, response_mask.device)
 

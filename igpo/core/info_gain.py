@@ -201,13 +201,14 @@ def turn_boundaries(ig: Tensor, ig_mask: Tensor, penalty: Tensor, turn_ends: Ten
     IG sits there where ``ig_mask`` (a zero IG included), its format penalty where ``penalty != 0``. The outcome
     ``outcome[i]`` sits on ``outcome_pos[i]`` (the last response token; -1: no tokens, no outcome). A turn entry on a
     token outside ``response_mask`` is dropped; on the outcome's token its IG is dropped and its penalty joins the
-    outcome's position. Raises on token indices outside the response or two turns on one token.
+    outcome's position. Raises on token indices outside the response or turn ends that do not increase.
     """
     if not (ig.shape == ig_mask.shape == penalty.shape == turn_ends.shape) or ig.dim() != 2:
         raise ValueError(f"ig, ig_mask, penalty and turn_ends must share one [B, T] shape; got {tuple(ig.shape)}, "
                          f"{tuple(ig_mask.shape)}, {tuple(penalty.shape)}, {tuple(turn_ends.shape)}.")
-    if ig_mask.dtype != torch.bool:
-        raise ValueError(f"ig_mask must be bool; got {ig_mask.dtype}.")
+    for name, t in (("ig_mask", ig_mask), ("response_mask", response_mask)):
+        if t.dtype != torch.bool:
+            raise ValueError(f"{name} must be bool; got {t.dtype}.")
     B, L = response_mask.shape
     # Turn-level data is small: work on host arrays (numpy's per-call overhead is a fraction of torch's).
     ig, ig_mask, penalty, turn_ends, outcome, outcome_pos = (
@@ -217,6 +218,13 @@ def turn_boundaries(ig: Tensor, ig_mask: Tensor, penalty: Tensor, turn_ends: Ten
     if pos.size and (pos.min() < 0 or pos.max() >= L):
         raise ValueError(f"turn-end token indices must lie in [0, {L}); got min {pos.min()}, max {pos.max()}. "
                          "The rollout recorded them against a different response length.")
+    # np.nonzero lists each trajectory's turns in order; their ends must increase (so no two share a token).
+    stuck = np.flatnonzero((row[1:] == row[:-1]) & (pos[1:] <= pos[:-1]))
+    if stuck.size:
+        k = stuck[0]
+        raise ValueError(f"two turns were placed on the same token or out of order: trajectory {row[k]}, turn "
+                         f"{col[k]} ends on token {pos[k]} and turn {col[k + 1]} on token {pos[k + 1]}; turn-end "
+                         "indices must increase within a trajectory.")
     if response_mask.device.type == "cpu":
         inside = response_mask.reshape(-1).view(torch.uint8).numpy()[row * L + pos] != 0
     else:

@@ -52,16 +52,23 @@ class Boundaries:
         """Reward positions given explicitly, one entry per token in any order (host arrays [n]): trajectory ``rows``,
         token ``positions``, and what lies there (reward, outcome / IG flags, penalty or None). O(n log n); no pass
         over the [B, L] tokens."""
+        if response_mask.dim() != 2 or response_mask.dtype != torch.bool:
+            raise ValueError(f"response_mask must be a bool [B, L] tensor; got {response_mask.dtype} "
+                             f"{tuple(response_mask.shape)}.")
         B, L = response_mask.shape
         n = rows.shape[0]
         for name, x in (("positions", positions), ("rewards", rewards), ("is_f", is_f), ("is_i", is_i),
                         ("penalty", penalty)):
             if x is not None and x.shape != (n,):
                 raise ValueError(f"{name} must be a [n] = ({n},) array like rows; got {x.shape}.")
+        for name, x in (("rows", rows), ("positions", positions)):
+            if not np.issubdtype(x.dtype, np.integer):
+                raise ValueError(f"{name} must be an integer array; got {x.dtype}.")
+        rows, positions = rows.astype(np.int64), positions.astype(np.int64)
         if n and (rows.min() < 0 or rows.max() >= B or positions.min() < 0 or positions.max() >= L):
             raise ValueError(f"reward positions must lie in the [{B}, {L}] response grid; got rows {rows.min()}.."
                              f"{rows.max()}, tokens {positions.min()}..{positions.max()}.")
-        flat = rows.astype(np.int64) * L + positions
+        flat = rows * L + positions
         order = np.argsort(flat, kind="stable")
         flat = flat[order]
         same = np.flatnonzero(flat[1:] == flat[:-1])
@@ -105,8 +112,8 @@ def find_boundaries(rewards: Tensor, outcome_mask: Tensor, ig_mask: Tensor, resp
                           at(penalty) if penalty is not None else None)
 
     f, i = _words(outcome_mask), _words(ig_mask)
-    if penalty is None:
-        values, bits, nonzero_bits = np.zeros((1, 8), np.float32), np.zeros((1, 8), np.int32), np.int32(0)
+    if penalty is None:  # placeholders of the kernels' types, never read
+        values, bits, nonzero_bits = np.zeros((B, 0), np.float32), np.zeros((B, 0), np.int32), np.int32(0)
     else:
         nonzero_bits = _NONZERO_BITS[penalty.dtype]
         values = _padded(penalty).numpy()
