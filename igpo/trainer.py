@@ -35,7 +35,7 @@ from igpo.actor_worker import IGPOActorRolloutRefWorker
 from igpo.config import IGPOConfig
 from igpo.core.ground_truth import answer_probes
 from igpo.core.scoring import validate_request
-from igpo.core.advantage import WarmupGate, advantage_at_boundaries, curriculum_weights
+from igpo.core.advantage import WarmupGate, advantage_at_boundaries, curriculum_weights, last_response_token
 from igpo.core.info_gain import reduce_alias_logprobs, scored_boundaries, turn_boundaries, turn_format_penalty, \
     turn_information_gain
 
@@ -178,8 +178,8 @@ class IGPOTrainerSync(PPOTrainerSync):
 
         group_of: dict = {}
         group = torch.tensor([group_of.setdefault(u, len(group_of)) for u in uids], dtype=torch.long)
-        has_tokens = response_mask.any(-1)
-        last = torch.where(has_tokens, (L - 1) - response_mask.flip(-1).to(torch.uint8).argmax(-1), -1)
+        last = last_response_token(response_mask)
+        has_tokens = last >= 0
         outcome = rm_scores.sum(-1)
 
         num_turns, turn_ends, format_ok, tool_names, boundary_lp = _turn_tensors(

@@ -104,6 +104,13 @@ class AdvantageConfig:
                              "0 < scale_floor <= scale_cap < inf.")
 
 
+def last_response_token(response_mask: Tensor) -> Tensor:
+    """[B] index of each row's last response token (where the outcome sits), -1 for a row without any."""
+    m = response_mask.bool()
+    last = (m.shape[1] - 1) - m.flip(1).to(torch.uint8).argmax(dim=1)
+    return torch.where(m.any(dim=1), last, -1)
+
+
 def masks_from_token_rewards(token_level_rewards: Tensor, response_mask: Tensor) -> tuple[Tensor, Tensor]:
     """Reference convention (§2.1): outcome at the last valid token, IG at the other non-zero valid positions.
 
@@ -113,11 +120,9 @@ def masks_from_token_rewards(token_level_rewards: Tensor, response_mask: Tensor)
         raise ValueError(f"token_level_rewards {tuple(token_level_rewards.shape)} and response_mask "
                          f"{tuple(response_mask.shape)} must share one [B, L] shape.")
     m = response_mask.bool()
-    L = m.shape[1]
-    has_any = m.any(dim=1)
-    last = (L - 1) - m.flip(1).to(torch.uint8).argmax(dim=1)
+    last = last_response_token(m)
     outcome = torch.zeros_like(m)
-    rows = torch.nonzero(has_any, as_tuple=True)[0]
+    rows = torch.nonzero(last >= 0, as_tuple=True)[0]
     outcome[rows, last[rows]] = True
     ig = m & ~outcome & (token_level_rewards != 0)
     return outcome, ig
