@@ -304,9 +304,9 @@ def _turn_advantages(K, g, num_groups, r, is_f, is_i, pen, mode, gamma, adaptive
     return _discount(N + pen, K, gam), gam, stats
 
 
-def _metrics(stats, r, is_f, is_i, is_p, rows, g, num_groups, K, gamma, A, tokens, tail_tokens):
-    """igpo/* metrics (§2.7) from the boundary arrays; token statistics through per-segment token counts (the tail
-    after the last boundary has A = 0)."""
+def _metrics(stats, r, is_f, is_i, is_p, rows, g, num_groups, K, gamma, A, tokens):
+    """igpo/* metrics (§2.7) from the boundary arrays; token statistics (adv_*) over the response tokens of the
+    segments, through per-segment token counts (tokens after a row's last boundary, advantage 0, are not counted)."""
     B = K.shape[0]
     metrics: dict[str, float] = {}
     for name, value in zip(("ig_scale", "outcome_norm_abs_mean", "ig_norm_abs_mean", "ig_mean_over_std"), stats):
@@ -344,12 +344,11 @@ def _metrics(stats, r, is_f, is_i, is_p, rows, g, num_groups, K, gamma, A, token
         metrics["igpo/num_turns_mean"] = float(K[has].mean())
         metrics["igpo/num_turns_min"] = float(K[has].min())
         metrics["igpo/num_turns_max"] = float(K[has].max())
-    total = float(tokens.sum() + tail_tokens.sum())
+    total = float(tokens.sum())
     if total > 0:
         mean = float(tokens @ A) / total
         metrics["igpo/adv_abs_mean"] = float(tokens @ np.abs(A)) / total
-        spread_sq = float(tokens @ (A - mean) ** 2) + float(tail_tokens.sum()) * mean * mean
-        metrics["igpo/adv_std"] = math.sqrt(max(spread_sq / total, 0.0))
+        metrics["igpo/adv_std"] = math.sqrt(max(float(tokens @ (A - mean) ** 2) / total, 0.0))
         metrics["igpo/adv_positive_ratio"] = float(tokens @ (A > 0)) / total
     if is_i.any():
         metrics["igpo/adv_ig_positions_mean"] = float(A[is_i].mean())
@@ -432,8 +431,8 @@ def advantage_at_boundaries(
     if not np.isfinite(A).all():
         raise RuntimeError("IGPO advantage became non-finite (overflow in rewards or weights); refusing to return NaN.")
 
-    tokens, tail_tokens = spread(A, bounds, response_mask, out)
-    metrics = _metrics(stats, r, is_f, is_i, pen != 0, rows, g, num_groups, K, gamma, A, tokens, tail_tokens)
+    tokens = spread(A, bounds, response_mask, out)
+    metrics = _metrics(stats, r, is_f, is_i, pen != 0, rows, g, num_groups, K, gamma, A, tokens)
     return out, out, metrics
 
 

@@ -126,21 +126,19 @@ def find_boundaries(rewards: Tensor, outcome_mask: Tensor, ig_mask: Tensor, resp
                       (kind & _KIND_IN_MASK) != 0, pen if penalty is not None else None)
 
 
-def spread(A: np.ndarray, bounds: Boundaries, response_mask: Tensor, out: Tensor) -> tuple[np.ndarray, np.ndarray]:
+def spread(A: np.ndarray, bounds: Boundaries, response_mask: Tensor, out: Tensor) -> np.ndarray:
     """Fill ``out`` [B, L] from the boundary advantages A [nnz] (float64, in the order of ``bounds``): the tokens up
     to and including boundary k of row i get A of that boundary, the tail after the last boundary 0, tokens outside
-    ``response_mask`` 0. Returns the response tokens of each boundary's segment [nnz] and of each row's tail [B]
-    (float64, exact integers)."""
+    ``response_mask`` 0. Returns the response tokens of each boundary's segment [nnz] (float64, exact integers)."""
     B, L = response_mask.shape
     nnz = A.shape[0]
     flat, K = bounds.flat, bounds.K
     if _use_kernels(out, response_mask, flat):
         first = np.zeros(B, np.int64)
         np.cumsum(K.numpy()[:-1], out=first[1:])
-        tokens, tail = np.zeros(nnz), np.zeros(B)
-        _spread_kernel(A, flat.numpy(), K.numpy(), first, response_mask.view(torch.uint8).numpy(), out.numpy(), tokens,
-                       tail)
-        return tokens, tail
+        tokens = np.zeros(nnz)
+        _spread_kernel(A, flat.numpy(), K.numpy(), first, response_mask.view(torch.uint8).numpy(), out.numpy(), tokens)
+        return tokens
     # Segment of every token as an index into [A, 0 per row]: boundaries strictly before it in its row (an exclusive
     # cumsum of the boundary indicator) offset by the row's first boundary; the tail maps to the row's 0.
     dev = out.device
@@ -152,8 +150,7 @@ def spread(A: np.ndarray, bounds: Boundaries, response_mask: Tensor, out: Tensor
     segment = torch.where(slot < K[:, None], first + slot, nnz + torch.arange(B, device=dev)[:, None])
     A_ext = torch.cat([torch.from_numpy(A).to(dev), torch.zeros(B, dtype=torch.float64, device=dev)])
     out.copy_(A_ext[segment].masked_fill_(~response_mask, 0.0))
-    tokens = torch.bincount(segment[response_mask], minlength=nnz + B).double().cpu().numpy()
-    return tokens[:nnz], tokens[nnz:]
+    return torch.bincount(segment[response_mask], minlength=nnz + B)[:nnz].double().cpu().numpy()
 
 
 def _padded(x: Tensor) -> Tensor:
@@ -248,27 +245,20 @@ def _gather_kernel(flat, rewards, outcome_mask, ig_mask, mask, values, has_penal
 
 
 @numba.njit(cache=True, nogil=True)
-def _spread_kernel(A, flat, K, first, mask, out, tokens, tail):
-    """Row by row, segment by segment. Loops run over slice views: indexing a 2-D array from a computed start
-    defeats LLVM's vectorizer (numba's negative-index wraparound), a view's 0-based index does not."""
+def _spread_kernel(A, flat, K, first, mask, out, tokens):
+    """Row by row, segment by segment, then the tail (zeros). Loops run over slice views: indexing a 2-D array from a
+    computed start defeats LLVM's vectorizer (numba's negative-index wraparound), a view's 0-based index does not."""
     B, L = mask.shape
     for b in range(B):
-        p = first[b]
         start = 0
-        for k in range(K[b] + 1):
-            if k < K[b]:
-                end, a = flat[p + k] - b * L + 1, A[p + k]
-            else:
-                end, a = L, 0.0
+        for p in range(first[b], first[b] + K[b]):
+            end, a = flat[p] - b * L + 1, A[p]
             m = mask[b, start:end]
             o = out[b, start:end]
             count = 0
             for t in range(m.shape[0]):
                 count += m[t]
-            if k < K[b]:
-                tokens[p + k] = count
-            else:
-                tail[b] = count
+            tokens[p] = count
             if count == end - start:
                 for t in range(o.shape[0]):
                     o[t] = a
@@ -276,3 +266,6 @@ def _spread_kernel(A, flat, K, first, mask, out, tokens, tail):
                 for t in range(o.shape[0]):
                     o[t] = a * m[t]
             start = end
+        tail = out[b, start:]
+        for t in range(tail.shape[0]):
+            tail[t] = 0.0
