@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import os
+import warnings
 
 _ACTIVE = False
 
@@ -67,7 +68,12 @@ def _patch_fsdp() -> None:
     * Forward-only engines (the reference model) offload with ``pin_memory=True``, which needs an accelerator.
     """
     from torch.distributed.fsdp import CPUOffloadPolicy
-    import verl.workers.engine  # noqa: F401  (imports and registers the built-in engines)
+
+    # Importing the engine package registers the built-in engines and warns once per optional engine whose library
+    # is absent (Megatron, torchtitan, ...): noise in every process here, where only FSDP is used.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".* engine is not available", category=UserWarning)
+        import verl.workers.engine  # noqa: F401
     import verl.workers.engine.fsdp.transformer_impl as fsdp_impl
     from verl.workers.engine.base import EngineRegistry
 
