@@ -49,6 +49,7 @@ from typing import Any
 import httpx
 import numpy as np
 
+from igpo import data_schema
 from igpo.core.ground_truth import parse_ground_truth
 from igpo.protocol import DEFAULT_SYSTEM_PROMPT
 from igpo.core.turn_format import extract_answer
@@ -61,7 +62,6 @@ TABLE_COLUMNS = (
     "sample_errors", "failed",
 )
 """Columns of ``results.csv`` / ``results.md``; ``judge`` and ``judge_failed`` only when the judge is enabled."""
-ROLE_CONTENT = ("role", "content")
 RESUME_KEYS = ("model", "tools", "judge", "agent", "sampling", "data_sha256")
 """Settings that must match for a run to resume into an existing output directory."""
 
@@ -163,54 +163,16 @@ class EvalRow:
         return next(m["content"] for m in reversed(self.messages) if m["role"] == "user")
 
 
-def _type(value: Any) -> str:
-    return "missing" if value is None else type(value).__name__
-
-
-def _row_problems(
-    number: int, row: Mapping[str, Any], allowed_sources: set[str] | None
-) -> tuple[list[str], EvalRow | None]:
+def _parse_row(number: int, row: Mapping[str, Any], allowed_sources: set[str] | None
+               ) -> tuple[list[str], EvalRow | None]:
     """Every problem of one row that stops it from being evaluated; the parsed row when there is none."""
-    problems: list[str] = []
-    source = row.get("data_source")
-    if not isinstance(source, str) or not source:
-        problems.append(f"data_source is {_type(source)} {source!r}, expected a non-empty string")
-    elif allowed_sources is not None and source not in allowed_sources:
-        problems.append(f"unknown data_source {source!r}; allowed: {', '.join(sorted(allowed_sources))}")
-    prompt = row.get("prompt")
-    messages: list[dict[str, str]] = []
-    if isinstance(prompt, np.ndarray):
-        prompt = prompt.tolist()
-    if not isinstance(prompt, list) or not prompt:
-        problems.append(f"prompt is {_type(prompt)}, expected a non-empty list of {{role, content}} messages")
-    else:
-        for k, message in enumerate(prompt):
-            fields_ok = isinstance(message, Mapping) and all(isinstance(message.get(x), str) for x in ROLE_CONTENT)
-            if not fields_ok:
-                problems.append(f"prompt[{k}] is {message!r:.80}, expected {{role: str, content: str}}")
-            else:
-                messages.append({"role": message["role"], "content": message["content"]})
-        if not any(m["role"] == "user" and m["content"].strip() for m in messages):
-            problems.append("prompt has no user message with a non-empty question")
-    reward_model = row.get("reward_model")
-    aliases: list[str] = []
-    if not isinstance(reward_model, Mapping):
-        problems.append(f"reward_model is {_type(reward_model)}, expected {{ground_truth, style}}")
-    elif reward_model.get("ground_truth") is None:
-        problems.append("missing ground truth: reward_model.ground_truth is missing")
-    else:
-        try:
-            aliases = parse_ground_truth(reward_model["ground_truth"])
-        except ValueError as err:
-            problems.append(f"reward_model.ground_truth is unusable: {err}")
-    extra = row.get("extra_info")
-    index = extra.get("index") if isinstance(extra, Mapping) else None
-    if not isinstance(index, str) or not index:
-        problems.append(f"extra_info.index is {_type(index)} {index!r}, expected a non-empty string (the row's id, "
-                        "used to resume and to match traces)")
+    problems = data_schema.row_problems(row, for_training=False, allowed_sources=allowed_sources)
     if problems:
         return problems, None
-    return [], EvalRow(number, source, index, tuple(messages), reward_model["ground_truth"], tuple(aliases))
+    truth = row["reward_model"]["ground_truth"]
+    messages = tuple({"role": m["role"], "content": m["content"]} for m in row["prompt"])
+    return [], EvalRow(number, row["data_source"], row["extra_info"]["index"], messages, truth,
+                       tuple(parse_ground_truth(truth)))
 
 
 def load_rows(
@@ -254,7 +216,7 @@ def load_rows(
         present.add(source)
         if limit_per_source is not None and taken[source] >= limit_per_source:
             continue
-        row_problems, row = _row_problems(number, record, allowed)
+        row_problems, row = _parse_row(number, record, allowed)
         extra = record.get("extra_info")
         label = extra.get("index") if isinstance(extra, Mapping) else None
         if row is not None and row.key in seen:

@@ -42,6 +42,7 @@ import pyarrow.parquet as pq
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from a checkout
 
 from igpo.core.ground_truth import ANSWER_SPLIT, parse_ground_truth  # noqa: E402
+from igpo.data_schema import row_problems  # noqa: E402
 
 ABILITY = "search & question answering"
 QUESTION_FIELDS = ("question", "query")
@@ -121,7 +122,7 @@ def _aliases(record: dict) -> list[str]:
 def record_to_row(record: dict, *, data_source: str | None, split: str, row: int) -> dict:
     """One verl row from one QA record; raises ``ValueError`` describing the first problem found."""
     if "prompt" in record and "reward_model" in record:
-        return record  # already in the verl schema; validate_row checks it
+        return record  # already in the verl schema; validate_rows checks it
     source = record.get("data_source", data_source)
     if not isinstance(source, str) or not source:
         raise ValueError("no data_source: give --data-source or a data_source field in the record")
@@ -140,58 +141,6 @@ def record_to_row(record: dict, *, data_source: str | None, split: str, row: int
     }
 
 
-def validate_row(row: Any, allowed_sources: set[str] | None = None) -> list[str]:
-    """Every problem of one row against the schema in the module docstring (empty list: the row is fine)."""
-    if not isinstance(row, dict):
-        return [f"row is {_type(row)}, expected a mapping"]
-    problems = []
-    source = row.get("data_source")
-    if not isinstance(source, str) or not source:
-        problems.append(f"data_source is {_type(source)} {source!r}, expected a non-empty string")
-    elif allowed_sources is not None and source not in allowed_sources:
-        problems.append(f"unknown data_source {source!r}; allowed: {', '.join(sorted(allowed_sources))}")
-    prompt = row.get("prompt")
-    if not isinstance(prompt, list) or not prompt:
-        problems.append(f"prompt is {_type(prompt)}, expected a non-empty list of {{role, content}} messages")
-    else:
-        for k, message in enumerate(prompt):
-            if not isinstance(message, dict):
-                problems.append(f"prompt[{k}] is {_type(message)}, expected a {{role, content}} mapping")
-                continue
-            for key in ("role", "content"):
-                if not isinstance(message.get(key), str):
-                    problems.append(f"prompt[{k}].{key} is {_type(message.get(key))}, expected a string")
-        user = [m for m in prompt if isinstance(m, dict) and m.get("role") == "user"]
-        if not any(isinstance(m.get("content"), str) and m["content"].strip() for m in user):
-            problems.append("prompt has no user message with a non-empty question")
-    if not isinstance(row.get("ability"), str):
-        problems.append(f"ability is {_type(row.get('ability'))}, expected a string")
-    reward_model = row.get("reward_model")
-    if not isinstance(reward_model, dict):
-        problems.append(f"reward_model is {_type(reward_model)}, expected {{ground_truth, style}}")
-    else:
-        truth = reward_model.get("ground_truth")
-        if not isinstance(truth, str):
-            problems.append(
-                f"reward_model.ground_truth is {_type(truth)}, expected a string of aliases joined by {ANSWER_SPLIT!r}"
-            )
-        else:
-            try:
-                parse_ground_truth(truth)
-            except ValueError:
-                problems.append("missing ground truth: reward_model.ground_truth has no non-empty alias")
-        if not isinstance(reward_model.get("style"), str):
-            problems.append(f"reward_model.style is {_type(reward_model.get('style'))}, expected a string")
-    extra = row.get("extra_info")
-    if not isinstance(extra, dict):
-        problems.append(f"extra_info is {_type(extra)}, expected {{index, split}}")
-    else:
-        for key in ("index", "split"):
-            if not isinstance(extra.get(key), str) or not extra.get(key):
-                problems.append(f"extra_info.{key} is {_type(extra.get(key))} {extra.get(key)!r}, expected a string")
-    return problems
-
-
 def _index(row: Any) -> str | None:
     extra = row.get("extra_info") if isinstance(row, dict) else None
     return extra.get("index") if isinstance(extra, dict) and isinstance(extra.get("index"), str) else None
@@ -203,7 +152,7 @@ def validate_rows(
     """(good rows, errors) over (row number, row) pairs; a repeated extra_info.index is an error too."""
     good, errors, seen = [], [], {}
     for number, row in rows:
-        problems = validate_row(row, allowed_sources)
+        problems = row_problems(row, for_training=True, allowed_sources=allowed_sources)
         index = _index(row)
         if index is not None and index in seen:
             problems.append(f"duplicate extra_info.index (first at row {seen[index]})")
@@ -259,7 +208,7 @@ def split_rows(rows: list[dict], val_fraction: float, seed: int) -> tuple[list[d
 
 def write_parquet(rows: list[dict], path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    table = pa.Table.from_pylist(rows, schema=SCHEMA)  # drops no field: validate_row checked every key
+    table = pa.Table.from_pylist(rows, schema=SCHEMA)  # drops no field: validate_rows checked every key
     pq.write_table(table, path)
 
 
