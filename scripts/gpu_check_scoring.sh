@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # GPU check of the packed answer scorer on one CUDA device (written for an H200, ~141 GB).
-# Runs scripts/gpu_check_scoring.py: fp32 exactness of packed (FlexAttention and SDPA) vs per_turn, then bf16 packed
+# First the CUDA tests of the advantage (tensor-op passes on the GPU vs the CPU kernels, tests/test_advantage.py -k
+# cuda; needs pytest and numba), then scripts/gpu_check_scoring.py: fp32 exactness of packed (FlexAttention and SDPA) vs per_turn, then bf16 packed
 # with FlexAttention at L = 32K, 64K, 128K with K = 200 (time, peak memory, agreement and estimated speed-up vs
 # per_turn on a few boundaries), then SDPA at 32K for comparison. Needs torch with CUDA and FlexAttention (>= 2.5),
 # transformers with Qwen2, and this repository (nothing is downloaded: the model is random, built locally).
@@ -40,8 +41,14 @@ then
   exit 2
 fi
 
-timeout "${CHECK_TIMEOUT_S:-540}" "$PY" scripts/gpu_check_scoring.py "$@" 2>&1 | tee "$LOG"
+advantage_ok=1
+if ! "$PY" -m pytest -q -p no:cacheprovider tests/test_advantage.py -k cuda 2>&1 | tail -3 | tee "$LOG"; then
+  echo "[FAIL] advantage on CUDA (tests/test_advantage.py -k cuda)" | tee -a "$LOG"
+  advantage_ok=0
+fi
+timeout "${CHECK_TIMEOUT_S:-540}" "$PY" scripts/gpu_check_scoring.py "$@" 2>&1 | tee -a "$LOG"
 status=${PIPESTATUS[0]}
+[[ $status == 0 && $advantage_ok == 0 ]] && status=1
 case $status in
   0) echo "gpu_check_scoring: all checks passed (log: $LOG)";;
   1) echo "gpu_check_scoring: some checks FAILED, see [FAIL] lines (log: $LOG)";;
