@@ -48,21 +48,29 @@ def _think_tail(text: str) -> tuple[str | None, str | None]:
     return None, text[text.rindex("</think>") + len("</think>"):]
 
 
-def tool_turn_violation(text: str, *, think_prefilled: bool = False) -> str | None:
-    """Why ``text`` breaks the tool-calling turn rules (module docstring), or None when it follows them."""
+def _common_violation(text: str, think_prefilled: bool, forbidden: tuple[str, ...], tag: str,
+                      where: str) -> tuple[str | None, str]:
+    """The rules both turn kinds share: not empty, none of ``forbidden``, exactly one <tag>...</tag>, well-formed
+    thinking. Returns (violation or None, the text after the last </think>)."""
     if think_prefilled:
         text = "<think>" + text
     if not text.strip():
-        return "empty turn"
-    for tag in ("<answer>", "</answer>", "<tool_response>", "</tool_response>"):
-        if tag in text:
-            return f"{tag} is not allowed in a tool-calling turn"
-    if text.count("<tool_call>") != 1 or text.count("</tool_call>") != 1:
-        return (
-            f"expected exactly one <tool_call>...</tool_call>, found {text.count('<tool_call>')} opening and "
-            f"{text.count('</tool_call>')} closing tags"
-        )
+        return "empty turn", ""
+    for bad in forbidden:
+        if bad in text:
+            return f"{bad} is not allowed in {where}", ""
+    opening, closing = f"<{tag}>", f"</{tag}>"
+    if text.count(opening) != 1 or text.count(closing) != 1:
+        return (f"expected exactly one {opening}...{closing}, found {text.count(opening)} opening and "
+                f"{text.count(closing)} closing tags"), ""
     violation, tail = _think_tail(text)
+    return violation, tail or ""
+
+
+def tool_turn_violation(text: str, *, think_prefilled: bool = False) -> str | None:
+    """Why ``text`` breaks the tool-calling turn rules (module docstring), or None when it follows them."""
+    violation, tail = _common_violation(text, think_prefilled, ("<answer>", "</answer>", "<tool_response>",
+                                                                 "</tool_response>"), "tool_call", "a tool-calling turn")
     if violation is not None:
         return violation
     match = _TOOL_CALL_TAIL.fullmatch(tail)
@@ -90,19 +98,8 @@ def tool_turn_violation(text: str, *, think_prefilled: bool = False) -> str | No
 
 def answer_turn_violation(text: str, *, think_prefilled: bool = False) -> str | None:
     """Why ``text`` breaks the final answer turn rules (module docstring), or None when it follows them."""
-    if think_prefilled:
-        text = "<think>" + text
-    if not text.strip():
-        return "empty turn"
-    for tag in ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"):
-        if tag in text:
-            return f"{tag} is not allowed in the answer turn"
-    if text.count("<answer>") != 1 or text.count("</answer>") != 1:
-        return (
-            f"expected exactly one <answer>...</answer>, found {text.count('<answer>')} opening and "
-            f"{text.count('</answer>')} closing tags"
-        )
-    violation, tail = _think_tail(text)
+    violation, tail = _common_violation(text, think_prefilled, ("<tool_call>", "</tool_call>", "<tool_response>",
+                                                                 "</tool_response>"), "answer", "the answer turn")
     if violation is not None:
         return violation
     match = _ANSWER_TAIL.fullmatch(tail)
