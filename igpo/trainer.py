@@ -236,16 +236,22 @@ class IGPOTrainerSync(PPOTrainerSync):
 
     @staticmethod
     def _rollout_metrics(extras: list[dict], num_turns: torch.Tensor) -> dict[str, float]:
-        """Rollout health: infra errors (not the model's fault), forced finals, cut-offs, truncations."""
+        """Rollout health: infra errors (not the model's fault), forced finals, cut-offs, truncations, boundaries the
+        rollout could not score (score_on=rollout) and trajectories the engine refused as too long."""
         def share(key: str) -> float:
             return float(np.mean([bool(e.get(key, False)) for e in extras])) if extras else 0.0
 
+        def total(key: str) -> float:
+            return float(sum(int(e.get(key, 0) or 0) for e in extras))
+
         return {
             "igpo/turns_mean": float(num_turns.float().mean()) if len(num_turns) else 0.0,
-            "igpo/infra_errors": float(sum(int(e.get("igpo_infra_errors", 0) or 0) for e in extras)),
+            "igpo/infra_errors": total("igpo_infra_errors"),
+            "igpo/scoring_errors": total("igpo_scoring_errors"),
             "igpo/forced_final_ratio": share("igpo_forced_final"),
             "igpo/cutoff_ratio": share("igpo_cutoff"),
             "igpo/truncated_ratio": share("igpo_truncated"),
+            "igpo/context_overflow_ratio": share("igpo_context_overflow"),
         }
 
     # ---- checkpointed state ------------------------------------------------------------------------------------
