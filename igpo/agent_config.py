@@ -39,7 +39,8 @@ class AgentLoopConfig:
     """Token budget of one observation's content; longer tool output is cut and marked as cut."""
     max_context_tokens: int | None = None
     """Total context (prompt + all turns + observations) a trajectory may reach. None = rollout.prompt_length +
-    rollout.response_length. The response additionally never exceeds rollout.response_length."""
+    rollout.response_length. Either way it is capped at rollout.max_model_len when that is set (the engine refuses
+    longer prompts). The response additionally never exceeds rollout.response_length."""
     system_prompt: str | None = None
     """None = ``igpo.protocol.DEFAULT_SYSTEM_PROMPT``. Used only when the sample has no system message."""
     max_generation_retries: int = 2

@@ -23,6 +23,11 @@ pseudo answer P(gt) after every scored boundary b_s (igpo.md §1.1-1.3):
     l_s = (1/|G|) * sum_{k in G} log pi(y_k | context[:b_s], y_<k)
 
 as a background request that overlaps the next generation and tool call.
+
+Every request stays inside ``rollout.max_model_len`` when it is set (the context limit is capped at it, and a scoring
+request that would not fit is not sent). An engine that still refuses a prompt as too long ends that trajectory as
+truncated (``igpo_context_overflow``) instead of failing the worker's whole batch; any other generation error
+propagates.
 """
 
 from __future__ import annotations
@@ -53,7 +58,8 @@ EXTRA_FIELD_KEYS = (
     "igpo_turn_ends", "igpo_boundaries", "igpo_tool_names", "igpo_tool_status", "igpo_turn_format_ok",
     "igpo_num_turns", "igpo_infra_errors", "igpo_forced_final", "igpo_cutoff", "igpo_truncated", "igpo_retries",
     "igpo_final_turn_text", "igpo_final_answer", "igpo_answer_logprobs", "igpo_stop_reason", "igpo_eos_appended",
-    "igpo_scoring_errors", "igpo_error", "igpo_question", "min_global_steps", "max_global_steps", "turn_scores", "tool_rewards",
+    "igpo_scoring_errors", "igpo_context_overflow", "igpo_error", "igpo_question", "min_global_steps",
+    "max_global_steps", "turn_scores", "tool_rewards",
 )
 """Keys present in EVERY output's ``extra_fields`` (verl concatenates them across samples)."""
 
@@ -68,6 +74,25 @@ class AgentTemplateError(ValueError):
 
 class SampleError(ValueError):
     """One sample cannot be rolled out (prompt too long, unusable ground truth): it becomes a flagged dummy output."""
+
+
+class RolloutScoringUnavailable(RuntimeError):
+    """The rollout server cannot answer scoring requests; raised to stop the run (never counted per boundary)."""
+
+
+# How a rollout engine says that a prompt does not fit its context. verl's vLLM server and igpo/cpu/hf_rollout.py
+# check before generating ("... leaves no room to generate within ..."); vLLM's own input validation says "longer
+# than the maximum model length"; OpenAI-style front ends say "maximum context length".
+_CONTEXT_OVERFLOW_PHRASES = ("leaves no room to generate", "maximum model length", "maximum context length")
+
+
+def _is_context_overflow(err: BaseException) -> bool:
+    """A ValueError whose message says the prompt is too long (Ray re-raises it as a RayTaskError subclassing the
+    original class, or, when it cannot, keeps the original as ``cause``)."""
+    for candidate in (err, getattr(err, "cause", None)):
+        if isinstance(candidate, ValueError) and any(p in str(candidate) for p in _CONTEXT_OVERFLOW_PHRASES):
+            return True
+    return False
 
 
 class ToolCaller(Protocol):
@@ -277,6 +302,7 @@ class _Trajectory:
     scoring_tasks: dict[int, asyncio.Task] = field(default_factory=dict)
     answer_logprobs: list[list[float] | None] = field(default_factory=list)
     scoring_errors: int = 0
+    context_overflow: bool = False
     server_fields: dict[str, Any] = field(default_factory=dict)
     generate_s: float = 0.0
     tool_s: float = 0.0
@@ -305,7 +331,12 @@ class IGPOAgentLoop(AgentLoopBase):
         self.cfg = self.settings.agent
         self.prompt_length = int(self.rollout_config.prompt_length)
         self.response_length = int(self.rollout_config.response_length)
-        self.max_context = self.cfg.max_context_tokens or self.prompt_length + self.response_length
+        max_model_len = self.rollout_config.get("max_model_len")
+        # The engine refuses a prompt that leaves no room to generate within max_model_len. When it is null the
+        # engine uses the model's max_position_embeddings, which the trainer's config check writes into the config.
+        self.max_model_len = int(max_model_len) if max_model_len is not None else None
+        budget = self.cfg.max_context_tokens or self.prompt_length + self.response_length
+        self.max_context = budget if self.max_model_len is None else min(budget, self.max_model_len)
         template_kwargs = dict(self.apply_chat_template_kwargs or {})
         self.template_kwargs = template_kwargs
         self.frame = _frame_for(self.tokenizer, template_kwargs)
@@ -396,9 +427,23 @@ class IGPOAgentLoop(AgentLoopBase):
             traj.boundaries.append(boundary)
             self._schedule_scoring(traj, probes, j, boundary)
 
-            ids, logprobs, text, parsed = await self._generate_turn(
-                traj, sampling_params, min(cfg.max_tokens_per_turn, limit - boundary - 1), seen_calls, reason
-            )
+            try:
+                ids, logprobs, text, parsed = await self._generate_turn(
+                    traj, sampling_params, min(cfg.max_tokens_per_turn, limit - boundary - 1), seen_calls, reason
+                )
+            except Exception as err:  # noqa: BLE001 - only a too-long prompt is handled; the rest propagates
+                if not _is_context_overflow(err):
+                    raise
+                # The context limit did not match the engine's (max_model_len null, or larger than the engine
+                # uses). Ending this trajectory keeps the rest of the worker's batch, which an exception would lose.
+                logger.warning("igpo_agent: the engine refused a context of %d tokens as too long; the trajectory "
+                               "ends truncated. Check rollout.max_model_len against the engine: %s", boundary, err)
+                traj.boundaries.pop()  # boundary j has no turn
+                task = traj.scoring_tasks.pop(j, None)
+                if task is not None:
+                    task.cancel()
+                traj.truncated, traj.stop_reason, traj.context_overflow = True, "context", True
+                break
             ended = bool(ids) and ids[-1] == frame.eot_id
             traj.append(ids, True, logprobs)
             traj.turn_ends.append(len(traj.context) - traj.prompt_len - 1)
@@ -552,9 +597,17 @@ class IGPOAgentLoop(AgentLoopBase):
             return
         # Boundary s depends only on turn s-1's tool; the placeholder stands for turn s (not known yet).
         scored = scored_boundaries([traj.tool_names[:turn] + [None]], self.settings.info_gain)[0][turn]
-        if scored:
-            prefix = traj.context[:boundary]
-            traj.scoring_tasks[turn] = asyncio.create_task(self._score_boundary(traj.request_id, prefix, probes))
+        if not scored:
+            return
+        longest = boundary + max(len(p.token_ids) for p in probes)
+        if self.max_model_len is not None and longest >= self.max_model_len:
+            # The engine needs one token of room after the prompt; sent, the request would only be refused.
+            logger.warning("igpo_agent: boundary %d is not scored: context %d + probe reaches %d tokens >= "
+                           "rollout.max_model_len=%d", turn, boundary, longest, self.max_model_len)
+            traj.scoring_errors += 1
+            return
+        prefix = traj.context[:boundary]
+        traj.scoring_tasks[turn] = asyncio.create_task(self._score_boundary(traj.request_id, prefix, probes))
 
     async def _score_boundary(self, request_id: str, context: list[int], probes: list[Probe]) -> list[float]:
         """l_s for every alias probe: mean of log p(y_k | context, y_<k) over the probe's ground-truth span G."""
@@ -563,7 +616,18 @@ class IGPOAgentLoop(AgentLoopBase):
             out = await self.server_manager.generate(
                 request_id=request_id, prompt_ids=context + probe.token_ids, sampling_params=dict(_SCORING_PARAMS)
             )
-            rows = out.extra_fields["prompt_logprobs"]
+            fields_ = out.extra_fields or {}
+            rows = fields_.get("prompt_logprobs")
+            if rows is None and out.stop_reason in ("aborted", "abort"):
+                raise RuntimeError("the scoring request was aborted by the server")  # one boundary, counted
+            if rows is None:
+                raise RolloutScoringUnavailable(
+                    "algorithm.igpo.score_on=rollout: the rollout server answered a scoring request (prompt_logprobs"
+                    f"=0) without 'prompt_logprobs' in extra_fields (keys: {sorted(fields_)}), so no boundary's "
+                    "information gain can be computed. verl's FullyAsyncLLMServerClient (the asynchronous trainer "
+                    "modes) rebuilds the server's output and drops that field. Use algorithm.igpo.score_on=actor, "
+                    "or the synchronous trainer mode trainer.v1.trainer_mode=igpo_sync."
+                )
             start, end = probe.span
             # rows[i] holds log p(token_{i+1} | tokens_<=i): probe token k sits at len(context) + k.
             values = [_first(rows[len(context) + k - 1]) for k in range(start, end)]
@@ -576,6 +640,8 @@ class IGPOAgentLoop(AgentLoopBase):
         for turn, task in traj.scoring_tasks.items():
             try:
                 results[turn] = await task
+            except RolloutScoringUnavailable:
+                raise
             except Exception as err:  # noqa: BLE001 - a failed boundary is recorded as unscored and counted
                 logger.warning("igpo_agent: answer scoring of boundary %d failed: %s", turn, err)
                 traj.scoring_errors += 1
@@ -628,6 +694,7 @@ class IGPOAgentLoop(AgentLoopBase):
             "igpo_stop_reason": traj.stop_reason if traj.error is None else "error",
             "igpo_eos_appended": traj.eos_appended,
             "igpo_scoring_errors": traj.scoring_errors,
+            "igpo_context_overflow": traj.context_overflow,
             "igpo_error": traj.error,
             # The judge needs the question; the reward function receives only the response and the ground truth.
             "igpo_question": next((str(m.get("content", "")) for m in reversed(list(kwargs.get("raw_prompt") or []))

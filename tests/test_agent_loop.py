@@ -15,7 +15,7 @@ from verl.workers.rollout.replica import TokenOutput
 
 from igpo import protocol
 from igpo.agent_config import AgentLoopConfig
-from igpo.agent_loop import EXTRA_FIELD_KEYS, AgentTemplateError, IGPOAgentLoop
+from igpo.agent_loop import EXTRA_FIELD_KEYS, AgentTemplateError, IGPOAgentLoop, RolloutScoringUnavailable
 from igpo.core.ground_truth import AnswerTemplate, build_probe
 
 QUESTION = [{"role": "user", "content": "Who wrote the book?"}]
@@ -90,9 +90,11 @@ class FakeTools:
         return result
 
 
-def make_loop(tokenizer, server, tools, *, agent=None, igpo=None, prompt_length=1024, response_length=4096):
+def make_loop(tokenizer, server, tools, *, agent=None, igpo=None, prompt_length=1024, response_length=4096,
+              max_model_len=None):
     config = OmegaConf.create({
-        "actor_rollout_ref": {"rollout": {"prompt_length": prompt_length, "response_length": response_length}},
+        "actor_rollout_ref": {"rollout": {"prompt_length": prompt_length, "response_length": response_length,
+                                          "max_model_len": max_model_len}},
         "algorithm": {"igpo": {**(igpo or {}), "agent": {"max_tokens_per_turn": 128, "max_observation_tokens": 256,
                                                           **(agent or {})}}},
     })
@@ -103,9 +105,9 @@ def make_loop(tokenizer, server, tools, *, agent=None, igpo=None, prompt_length=
     )
 
 
-async def rollout(tokenizer, policy, tools=None, question=QUESTION, **kwargs):
+async def rollout(tokenizer, policy, tools=None, question=QUESTION, server_cls=None, **kwargs):
     tools = tools or FakeTools()
-    server = FakeServer(tokenizer, policy, tokenizer.convert_tokens_to_ids("<|im_end|>"))
+    server = (server_cls or FakeServer)(tokenizer, policy, tokenizer.convert_tokens_to_ids("<|im_end|>"))
     loop = make_loop(tokenizer, server, tools, **kwargs)
     out = await loop.run({"temperature": 1.0, "logprobs": True}, raw_prompt=question,
                          reward_model={"ground_truth": "Ada<|answer_split|>Ada Lovelace"}, data_source="t",
@@ -402,3 +404,157 @@ async def test_an_engine_that_overshoots_max_tokens_is_cut_to_the_budget(tiny_to
                          global_steps=1)
     # 128 tokens per turn were asked for; the engine sent more; the loop keeps the budget.
     assert out.extra_fields["igpo_turn_ends"][0] == 127 and len(out.response_ids) <= loop.response_length
+
+
+# ---------------------------------------------------------------------------------------------- over-long contexts
+
+# What the engines raise for a prompt that does not fit (verl/workers/rollout/vllm_rollout/vllm_async_server.py,
+# igpo/cpu/hf_rollout.py, vLLM's own input validation).
+VERL_VLLM_TOO_LONG = ("Prompt length ({n}) leaves no room to generate within the model's maximum context length "
+                      "({m}); need at least 1 token of headroom.")
+HF_CPU_TOO_LONG = ("prompt of {n} tokens leaves no room to generate within max_model_len={m}; shorten the context or "
+                   "raise actor_rollout_ref.rollout.max_model_len")
+VLLM_ENGINE_TOO_LONG = "The decoder prompt (length {n}) is longer than the maximum model length of {m}."
+
+
+def ray_wrapped(err: Exception) -> Exception:
+    """The exception an ``await actor.method.remote()`` raises for ``err`` (a RayTaskError subclassing its class)."""
+    from ray.exceptions import RayTaskError
+
+    return RayTaskError("generate", f"Traceback (most recent call last):\n{type(err).__name__}: {err}",
+                        err).as_instanceof_cause()
+
+
+def engine_with_limit(engine_len: int, make_error=lambda n, m: ValueError(VERL_VLLM_TOO_LONG.format(n=n, m=m))):
+    """A FakeServer whose engine serves only prompts shorter than ``engine_len`` (smaller than the config says)."""
+
+    class Limited(FakeServer):
+        async def generate(self, request_id, *, prompt_ids, sampling_params, **kwargs):
+            if len(prompt_ids) >= engine_len:
+                raise make_error(len(prompt_ids), engine_len)
+            return await super().generate(request_id, prompt_ids=prompt_ids, sampling_params=sampling_params)
+
+    return Limited
+
+
+async def test_max_model_len_caps_the_context_limit(tiny_tokenizer):
+    tok = tiny_tokenizer
+    turns = scripted(search("q1"), search("q2"), ANSWER)
+    free, _, _, _ = await rollout(tok, turns)
+    assert free.extra_fields["igpo_num_turns"] == 3
+    # prompt_length + response_length allow all three turns; max_model_len allows one tool turn and the answer.
+    max_model_len = free.extra_fields["igpo_boundaries"][1] + 2 * (128 + 1) + 256 + 50
+    out, server, tools, loop = await rollout(tok, turns, max_model_len=max_model_len)
+    ex = out.extra_fields
+    assert loop.max_context == max_model_len
+    assert ex["igpo_stop_reason"] == "context" and ex["igpo_forced_final"] and len(tools.calls) == 1
+    assert not ex["igpo_context_overflow"] and not ex["igpo_truncated"]
+    assert len(out.prompt_ids) + len(out.response_ids) <= max_model_len
+    # Every request leaves the engine at least one token of room (what verl's vLLM server demands).
+    assert all(len(ids) + params["max_tokens"] <= max_model_len for ids, params in server.requests)
+
+    # null keeps prompt_length + response_length (the trainer's config check fills max_model_len in).
+    _, _, _, loop = await rollout(tok, turns, max_model_len=None, prompt_length=100, response_length=900)
+    assert loop.max_context == 1000
+
+
+@pytest.mark.parametrize("make_error", [
+    lambda n, m: ValueError(VERL_VLLM_TOO_LONG.format(n=n, m=m)),
+    lambda n, m: ValueError(HF_CPU_TOO_LONG.format(n=n, m=m)),
+    lambda n, m: ValueError(VLLM_ENGINE_TOO_LONG.format(n=n, m=m)),
+    lambda n, m: ray_wrapped(ValueError(VERL_VLLM_TOO_LONG.format(n=n, m=m))),
+], ids=["verl_vllm", "hf_cpu", "vllm_engine", "through_ray"])
+async def test_engine_refusing_a_long_prompt_ends_the_trajectory_not_the_batch(tiny_tokenizer, make_error):
+    tok = tiny_tokenizer
+    turns = scripted(search("q1"), visit("http://x"), ANSWER)
+    free, _, _, _ = await rollout(tok, turns)
+    second_boundary = free.extra_fields["igpo_boundaries"][1]
+    # The engine accepts the prompt and the first turn's context, then refuses the second turn's context.
+    server_cls = engine_with_limit(second_boundary, make_error)
+    out, server, tools, _ = await rollout(tok, turns, server_cls=server_cls,
+                                          igpo={"score_on": "rollout", "ig_tool_filter": "visit"})
+    ex = out.extra_fields
+    assert ex["igpo_context_overflow"] and ex["igpo_truncated"] and ex["igpo_stop_reason"] == "context"
+    assert ex["igpo_error"] is None and len(tools.calls) == 1 and ex["igpo_final_answer"] is None
+    # The refused turn leaves no boundary behind: one turn, one boundary, one (scored) answer log-prob entry.
+    assert ex["igpo_num_turns"] == 1 and len(ex["igpo_boundaries"]) == 1 and len(ex["igpo_answer_logprobs"]) == 1
+    assert ex["igpo_answer_logprobs"][0] is not None and ex["igpo_scoring_errors"] == 0
+    assert len(out.response_mask) == len(out.response_ids) and out.response_mask[-1] == 0  # ends on the observation
+
+    # Refused at the very first turn: a trajectory with no turns, still every key.
+    out, _, _, _ = await rollout(tok, turns, server_cls=engine_with_limit(1, make_error))
+    ex = out.extra_fields
+    assert set(EXTRA_FIELD_KEYS) <= set(ex) and ex["igpo_context_overflow"] and ex["igpo_num_turns"] == 0
+    assert ex["igpo_boundaries"] == [] and out.response_mask == [0]
+
+
+@pytest.mark.parametrize("error", [
+    RuntimeError("connection to the rollout replica lost"),
+    ValueError("bad sampling parameter temperature=-1"),
+    ray_wrapped(RuntimeError("replica died; maximum context length")),
+], ids=["infra", "other_value_error", "ray_non_value_error"])
+async def test_other_generation_errors_still_fail_loudly(tiny_tokenizer, error):
+    def fail(n, m):
+        return error
+
+    with pytest.raises(type(error)):
+        await rollout(tiny_tokenizer, scripted(ANSWER), server_cls=engine_with_limit(0, fail))
+
+
+async def test_scoring_request_past_max_model_len_is_not_sent(tiny_tokenizer):
+    tok = tiny_tokenizer
+    igpo = {"score_on": "rollout"}
+    free, _, _, _ = await rollout(tok, scripted(ANSWER), agent={"max_turns": 1}, igpo=igpo)
+    assert free.extra_fields["igpo_scoring_errors"] == 0
+    # Room to generate two tokens after the prompt, but not for the prompt plus the answer probe.
+    max_model_len = len(free.prompt_ids) + 3
+    out, server, _, _ = await rollout(tok, scripted(ANSWER), agent={"max_turns": 1}, igpo=igpo,
+                                      max_model_len=max_model_len)
+    ex = out.extra_fields
+    assert server.scoring == [] and ex["igpo_scoring_errors"] == 1 and ex["igpo_answer_logprobs"] == [None]
+    assert server.requests[0][1]["max_tokens"] == 2 and not ex["igpo_context_overflow"]
+
+
+class WithoutPromptLogprobs(FakeServer):
+    """Like verl's FullyAsyncLLMServerClient: the output is rebuilt and only the weight-version fields survive."""
+
+    async def generate(self, request_id, *, prompt_ids, sampling_params, **kwargs):
+        out = await super().generate(request_id, prompt_ids=prompt_ids, sampling_params=sampling_params)
+        out.extra_fields = {k: v for k, v in out.extra_fields.items() if k != "prompt_logprobs"}
+        return out
+
+
+async def test_server_without_prompt_logprobs_stops_the_run_with_the_fix(tiny_tokenizer):
+    with pytest.raises(RolloutScoringUnavailable, match="score_on=actor.*igpo_sync"):
+        await rollout(tiny_tokenizer, scripted(search("q"), ANSWER), server_cls=WithoutPromptLogprobs,
+                      igpo={"score_on": "rollout"})
+
+
+async def test_aborted_scoring_request_is_an_ordinary_scoring_error(tiny_tokenizer):
+    class Aborting(FakeServer):
+        async def generate(self, request_id, *, prompt_ids, sampling_params, **kwargs):
+            if sampling_params.get("prompt_logprobs") is not None:
+                return TokenOutput(token_ids=[], log_probs=None, stop_reason="aborted", extra_fields={})
+            return await super().generate(request_id, prompt_ids=prompt_ids, sampling_params=sampling_params)
+
+    out, _, _, _ = await rollout(tiny_tokenizer, scripted(visit("http://x"), ANSWER), server_cls=Aborting,
+                                 igpo={"score_on": "rollout"})
+    ex = out.extra_fields
+    assert ex["igpo_scoring_errors"] == 2 and ex["igpo_answer_logprobs"] == [None, None]
+
+
+def test_rollout_metrics_report_scoring_errors_and_context_overflows():
+    import torch
+
+    from igpo.trainer import IGPOTrainerSync
+
+    extras = [
+        {"igpo_infra_errors": 1, "igpo_scoring_errors": 2, "igpo_context_overflow": True, "igpo_truncated": True},
+        {"igpo_infra_errors": 0, "igpo_scoring_errors": 1, "igpo_context_overflow": False, "igpo_truncated": False},
+        {"igpo_infra_errors": 0, "igpo_scoring_errors": 0, "igpo_context_overflow": False, "igpo_truncated": True},
+        {"igpo_infra_errors": 0, "igpo_scoring_errors": 0, "igpo_context_overflow": False, "igpo_truncated": False},
+    ]
+    metrics = IGPOTrainerSync._rollout_metrics(extras, torch.tensor([1, 2, 3, 2]))
+    assert metrics["igpo/scoring_errors"] == 3.0 and metrics["igpo/context_overflow_ratio"] == 0.25
+    assert metrics["igpo/infra_errors"] == 1.0 and metrics["igpo/truncated_ratio"] == 0.5
+    assert {"igpo/turns_mean", "igpo/forced_final_ratio", "igpo/cutoff_ratio"} <= set(metrics)
