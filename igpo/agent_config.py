@@ -147,7 +147,7 @@ class RolloutScoringConfig:
         if "ig_tool_filter" in info_gain:
             info_gain["ig_tool_filter"] = _name_tuple(info_gain["ig_tool_filter"], "ig_tool_filter")
         return cls(
-            score_on=values.get("score_on", "actor"),
+            score_on=values.get("score_on", cls.score_on),
             answer_template_prefix=values.get("answer_template_prefix"),
             answer_template_suffix=values.get("answer_template_suffix"),
             info_gain=tuple(sorted(info_gain.items())),

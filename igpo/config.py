@@ -80,7 +80,8 @@ class IGPOConfig:
     curriculum: CurriculumConfig
     scoring: RolloutScoringConfig
     agent: AgentLoopConfig
-    score_on: str = "rollout"
+    # The one default of score_on lives in RolloutScoringConfig (the agent loop reads the same section).
+    score_on: str = RolloutScoringConfig.score_on
     # With score_on=rollout, also score on the actor and log igpo/scoring_rollout_vs_actor_max_abs_diff: checks that
     # the rollout engine's numerics (e.g. bf16 vLLM) agree with the trainer's; costs one extra scoring pass.
     verify_scoring: bool = False

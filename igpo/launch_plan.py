@@ -1,0 +1,366 @@
+"""Launch planning: turn the composed Hydra config into one that verl accepts and that fits the job, or say why not.
+
+``plan_launch(config, environment)`` runs before Ray starts (``python -m igpo.main``, ``bash train_igpo.sh``, and
+``bash train_igpo.sh --dry-run``, which stops after it). It
+
+1. checks what verl would only reject deep inside a Ray worker, or never: model and data paths, ``algorithm.igpo``,
+   the LLM judge's endpoint, GPU-only options on the CPU backend, FSDP1 with actor-side scoring, rollout-side scoring
+   outside the sync trainer or at a temperature vLLM's prompt log-probs do not apply, verl's rollout correction
+   (which ``igpo_sync`` does not run);
+2. on GPUs, derives the keys of the ``igpo_launch`` section into verl's:
+   attention     flash_attention_2 + remove-padding when flash-attn imports, else sdpa without remove-padding and
+                 sequence parallelism 1 (verl's Ulysses path patches only the flash-attention forward);
+   sequence par. the smallest Ulysses degree that divides the GPUs per node and the attention heads and with which one
+                 trajectory fits ``tokens_per_gpu`` (verl's dynamic batching needs context <= tokens_per_gpu · sp);
+   context       ``rollout.max_model_len`` = prompt_length + response_length, checked against the model's window
+                 and against one full tool turn (two turns and an observation must fit, or every trajectory becomes a
+                 single forced answer);
+   layout        rollout tensor parallelism divides the GPUs per node and the heads; GRPO groups of >= 2;
+3. returns a ``Plan`` whose ``line()`` is the dry run's last line.
+
+Every refusal is a ``ConfigError`` naming the keys and the fix; ``igpo.main`` prints it as
+``igpo: configuration error: ...`` and exits 2. verl's own ``validate_config`` runs after the plan.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ATTENTION = ("auto", "flash_attention_2", "sdpa")
+FLASH_ATTN_INSTALL = "pip install flash-attn==2.8.3 --no-build-isolation"
+
+
+class ConfigError(ValueError):
+    """A user-fixable configuration problem; printed without a traceback."""
+
+
+@dataclass(frozen=True)
+class Environment:
+    """What the planner may assume about the machines the job runs on.
+
+    flash_attn: flash-attn imports in the training Python.
+    planning_only: a dry run for GPUs that are not on this machine (``IGPO_GPUS=N``); attention can then be forced
+        to flash_attention_2 for a target that has it, and nothing about this machine's install is required.
+    """
+
+    flash_attn: bool
+    planning_only: bool = False
+
+    @staticmethod
+    def detect(dry_run: bool) -> "Environment":
+        import torch
+
+        return Environment(flash_attn=importlib.util.find_spec("flash_attn") is not None,
+                           planning_only=dry_run and not torch.cuda.is_available())
+
+
+@dataclass
+class Plan:
+    """The resolved layout of a run; ``line()`` is what the dry run prints last."""
+
+    gpus: int
+    nodes: int
+    rollout: str
+    tp: int
+    sp: int
+    context_tokens: int
+    score_on: str
+    attention: str
+    tokens_per_gpu: int
+    batch: str
+    notes: list[str] = field(default_factory=list)
+
+    def line(self) -> str:
+        return (f"igpo: dry run ok: gpus={self.gpus} nodes={self.nodes} rollout={self.rollout} tp={self.tp} "
+                f"sp={self.sp} context_tokens={self.context_tokens} score_on={self.score_on} attn={self.attention} "
+                f"tokens_per_gpu={self.tokens_per_gpu} batch={self.batch}")
+
+    def describe(self) -> list[str]:
+        """The plan in a few readable lines (printed at start-up and by the dry run)."""
+        dp = self.gpus // max(1, self.sp) if self.gpus else 0
+        lines = [
+            f"igpo: plan: {self.nodes} node(s) x {self.gpus // max(1, self.nodes)} GPU(s); rollout {self.rollout} "
+            f"with tensor parallel {self.tp}; actor/ref FSDP2, Ulysses sequence parallel {self.sp} (data parallel "
+            f"{dp}); attention {self.attention}",
+            f"igpo: plan: {self.context_tokens} tokens per trajectory, {self.tokens_per_gpu} tokens per GPU "
+            f"micro-batch; batch {self.batch}; answer scoring on the {self.score_on}",
+        ]
+        return lines + [f"igpo: note: {note}" for note in self.notes]
+
+
+def plan_launch(config: Any, env: Environment) -> Plan:
+    """Check ``config`` and write the planned keys into it (OmegaConf, modified in place); raise ``ConfigError``."""
+    from omegaconf import open_dict
+
+    check_inputs(config)
+    igpo = check_algorithm(config)
+    on_cpu = str(config.trainer.get("device", "cuda")) == "cpu" or os.environ.get("VERL_PLATFORM", "").lower() == "cpu"
+    if on_cpu:
+        check_cpu_backend(config)
+    check_strategy(config, igpo.score_on)
+
+    arr = config.actor_rollout_ref
+    rollout = arr.rollout
+    if str(rollout.name) in ("???", "None") or rollout.get("name") is None:
+        raise ConfigError("actor_rollout_ref.rollout.name is not set; use vllm on GPUs (the presets do) or hf on CPU.")
+    gpus_per_node, nodes = int(config.trainer.n_gpus_per_node), int(config.trainer.nnodes)
+    if gpus_per_node < 1 or nodes < 1:
+        raise ConfigError(f"trainer.n_gpus_per_node={gpus_per_node} trainer.nnodes={nodes}: both must be >= 1.")
+    n = int(rollout.n)
+    if n < 2:
+        raise ConfigError(f"actor_rollout_ref.rollout.n={n}: GRPO-style advantages need groups of >= 2 rollouts per "
+                          "prompt; set rollout.n=8 (reference) or at least 2.")
+    prompts, mini = int(config.data.train_batch_size), int(arr.actor.ppo_mini_batch_size)
+    if mini > prompts:
+        raise ConfigError(f"actor_rollout_ref.actor.ppo_mini_batch_size={mini} > data.train_batch_size={prompts}: a "
+                          "mini-batch is counted in prompts and cannot exceed the step's batch; set it to "
+                          f"{prompts} (one update per step) or a divisor of it.")
+    if prompts % mini:
+        raise ConfigError(f"data.train_batch_size={prompts} is not a multiple of actor.ppo_mini_batch_size={mini}; "
+                          "the last mini-batch would be short. Use a divisor of the batch.")
+
+    model = _model_config(str(arr.model.path))
+    heads = getattr(model, "num_attention_heads", None)
+    kv_heads = getattr(model, "num_key_value_heads", None) or heads
+    window = getattr(model, "max_position_embeddings", None)
+    context = int(rollout.prompt_length) + int(rollout.response_length)
+    notes: list[str] = []
+    if model is None:
+        notes.append(f"model config not readable at {arr.model.path!s}; context window and head counts not checked")
+    if window is not None and context > window:
+        raise ConfigError(
+            f"rollout.prompt_length + rollout.response_length = {context} tokens > the model's window "
+            f"(max_position_embeddings={window} in {arr.model.path}/config.json). Lower data.max_response_length to "
+            f"{window - int(rollout.prompt_length)} or use a long-context checkpoint (e.g. Qwen3-4B-Thinking-2507, "
+            "262144 tokens).")
+    check_agent_fits(config, igpo, int(rollout.response_length))
+
+    if on_cpu:
+        return Plan(gpus=0, nodes=nodes, rollout=str(rollout.name), tp=1, sp=1, context_tokens=context,
+                    score_on=igpo.score_on, attention=str((arr.model.get("override_config") or {}).get(
+                        "attn_implementation", "sdpa")), tokens_per_gpu=context, batch=f"{prompts}x{n}", notes=notes)
+
+    launch = config.get("igpo_launch") or {}
+    attention = str(launch.get("attention", "auto"))
+    if attention not in ATTENTION:
+        raise ConfigError(f"igpo_launch.attention={attention!r} is not one of {ATTENTION}.")
+    if attention == "auto":
+        attention = "flash_attention_2" if env.flash_attn else "sdpa"
+        if not env.flash_attn:
+            notes.append(f"flash-attn is not installed: attention sdpa without remove-padding, no sequence "
+                         f"parallelism (install it for long contexts: {FLASH_ATTN_INSTALL})")
+    elif attention == "flash_attention_2" and not env.flash_attn:
+        if not env.planning_only:
+            raise ConfigError(f"igpo_launch.attention=flash_attention_2 but flash-attn does not import in this Python; "
+                              f"install it ({FLASH_ATTN_INSTALL}) or use igpo_launch.attention=auto (sdpa fallback).")
+        notes.append("flash-attn assumed on the target machines (not installed here; the launch checks again)")
+
+    tokens_per_gpu = int(launch.get("tokens_per_gpu", arr.actor.ppo_max_token_len_per_gpu))
+    sp = _sequence_parallel(launch.get("sequence_parallel", "auto"), attention, context, tokens_per_gpu,
+                            gpus_per_node, heads, kv_heads)
+    if context > tokens_per_gpu * sp:
+        if attention == "sdpa" and str(launch.get("sequence_parallel", "auto")) == "auto":
+            notes.append(f"without sequence parallelism one GPU holds a whole trajectory: tokens per GPU raised from "
+                         f"{tokens_per_gpu} to {context} (memory grows with it; flash-attn would spread it over "
+                         f"{_smallest_sp(context, tokens_per_gpu, gpus_per_node, heads, kv_heads) or '?'} GPUs)")
+            tokens_per_gpu = context
+        else:
+            raise ConfigError(
+                f"one trajectory ({context} tokens) does not fit igpo_launch.tokens_per_gpu={tokens_per_gpu} x "
+                f"sequence parallel {sp}; raise igpo_launch.sequence_parallel (up to {gpus_per_node}) or "
+                f"igpo_launch.tokens_per_gpu to {math.ceil(context / sp)}, or lower data.max_response_length.")
+
+    tp = int(rollout.tensor_model_parallel_size)
+    if tp < 1 or gpus_per_node % tp:
+        raise ConfigError(f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp} does not divide "
+                          f"trainer.n_gpus_per_node={gpus_per_node}; use one of {_divisors(gpus_per_node)}.")
+    if heads and heads % tp:
+        raise ConfigError(f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp} does not divide the model's "
+                          f"{heads} attention heads; use one of {[d for d in _divisors(gpus_per_node) if heads % d == 0]}.")
+
+    max_model_len = rollout.get("max_model_len")
+    with open_dict(config):
+        arr.model.use_remove_padding = attention == "flash_attention_2"
+        arr.model.override_config = {**dict(arr.model.get("override_config") or {}),
+                                     "attn_implementation": attention}
+        arr.actor.ulysses_sequence_parallel_size = sp
+        arr.ref.ulysses_sequence_parallel_size = sp
+        for section, key in ((arr.actor, "ppo_max_token_len_per_gpu"), (arr.ref, "log_prob_max_token_len_per_gpu"),
+                             (rollout, "log_prob_max_token_len_per_gpu")):
+            section[key] = tokens_per_gpu
+        if max_model_len is None:
+            rollout.max_model_len = context
+        elif int(max_model_len) < context:
+            notes.append(f"rollout.max_model_len={max_model_len} < prompt + response = {context}: trajectories end "
+                         "(flagged) at max_model_len")
+            context = int(max_model_len)
+    return Plan(gpus=gpus_per_node * nodes, nodes=nodes, rollout=str(rollout.name), tp=tp, sp=sp,
+                context_tokens=context, score_on=igpo.score_on, attention=attention, tokens_per_gpu=tokens_per_gpu,
+                batch=f"{prompts}x{n}", notes=notes)
+
+
+# ------------------------------------------------------------------------------------------------- the checks
+
+
+def check_inputs(config: Any) -> None:
+    """The model directory and the data files exist."""
+    model_path = str(config.actor_rollout_ref.model.path)
+    looks_like_hub_id = model_path.count("/") == 1 and not model_path.startswith((".", "/", "~"))
+    if not Path(model_path).expanduser().is_dir() and not looks_like_hub_id:
+        raise ConfigError(f"actor_rollout_ref.model.path={model_path!r} is not a directory; set MODEL_PATH (or the "
+                          "override) to a local Hugging Face checkpoint.")
+    for key in ("train_files", "val_files"):
+        files = config.data.get(key)
+        for path in ([files] if isinstance(files, str) else list(files or [])):
+            if not Path(path).is_file():
+                raise ConfigError(f"data.{key}: {path!r} does not exist; prepare it with scripts/prepare_data.py.")
+
+
+def check_algorithm(config: Any):
+    """``algorithm.igpo`` parses; the reward's judge is configured; options igpo_sync cannot honour are refused."""
+    from igpo.config import IGPOConfig
+
+    try:
+        igpo = IGPOConfig.from_algorithm(config.algorithm)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    reward_kwargs = (config.reward.get("custom_reward_function") or {}).get("reward_kwargs") or {}
+    reward_types = {reward_kwargs.get("train_reward_type", "f1"), *dict(reward_kwargs.get("reward_type_by_source")
+                                                                     or {}).values()}
+    if "llm" in reward_types:
+        from omegaconf import OmegaConf
+
+        from igpo.judge import JudgeConfig
+
+        judge = reward_kwargs.get("judge") or {}
+        try:
+            JudgeConfig.from_env(**(OmegaConf.to_container(judge) if OmegaConf.is_config(judge) else dict(judge)))
+        except ValueError as error:
+            raise ConfigError(f"train_reward_type=llm: {error} Set it in .env (see .env.example) or use "
+                              "reward.custom_reward_function.reward_kwargs.train_reward_type=f1.") from None
+
+    trainer_mode = str((config.trainer.get("v1") or {}).get("trainer_mode", ""))
+    if igpo.score_on == "rollout":
+        if trainer_mode != "igpo_sync":
+            raise ConfigError(
+                f"algorithm.igpo.score_on=rollout needs trainer.v1.trainer_mode=igpo_sync (got {trainer_mode!r}): "
+                "verl's asynchronous rollout client drops prompt_logprobs, so the information gain would be lost. "
+                "Use algorithm.igpo.score_on=actor.")
+        temperature = float(config.actor_rollout_ref.rollout.temperature)
+        if temperature != 1.0:
+            raise ConfigError(
+                f"algorithm.igpo.score_on=rollout with rollout.temperature={temperature:g}: vLLM's prompt log-probs "
+                "are of the untempered model, while the actor scores at the rollout temperature (as the reference "
+                "does). Use algorithm.igpo.score_on=actor (or temperature 1.0) so both sides score the same "
+                "distribution.")
+    correction = config.algorithm.get("rollout_correction") or {}
+    active = [key for key in ("rollout_is", "rollout_rs") if correction.get(key) is not None]
+    if active and trainer_mode == "igpo_sync":
+        raise ConfigError(
+            f"algorithm.rollout_correction.{active[0]}={correction.get(active[0])!r}: the igpo_sync trainer computes "
+            "its own advantages and does not apply verl's rollout correction (importance weights / rejection); "
+            f"set algorithm.rollout_correction.{active[0]}=null, or use bypass_mode (applied in the actor's loss).")
+    return igpo
+
+
+def check_cpu_backend(config: Any) -> None:
+    rollout = config.actor_rollout_ref.rollout.name
+    if rollout != "hf":
+        raise ConfigError(f"actor_rollout_ref.rollout.name={rollout!r} needs a GPU, and this run is on the CPU; "
+                          "use rollout.name=hf (the CPU demo preset does) or run on a GPU machine.")
+    for role in ("actor", "ref"):
+        strategy = config.actor_rollout_ref[role].strategy
+        if strategy != "fsdp2":
+            raise ConfigError(f"actor_rollout_ref.{role}.strategy={strategy!r} needs a GPU; use fsdp2 on CPU.")
+
+
+def check_strategy(config: Any, score_on: str) -> None:
+    """Actor-side scoring drives the decoder layer by layer, which FSDP1 cannot gather (see igpo/core/scoring.py)."""
+    strategy = str(config.actor_rollout_ref.actor.strategy)
+    if strategy != "fsdp2" and (score_on == "actor" or config.algorithm.igpo.get("verify_scoring", False)):
+        raise ConfigError(f"actor_rollout_ref.actor.strategy={strategy!r} with actor-side answer scoring: only FSDP2 "
+                          "can be gathered layer by layer by the scorer; set actor_rollout_ref.actor.strategy=fsdp2 "
+                          "(the presets do) or algorithm.igpo.score_on=rollout.")
+
+
+def check_agent_fits(config: Any, igpo: Any, response_length: int) -> None:
+    """A trajectory must have room for a tool turn, its observation and the final turn; else it is all forced answers."""
+    agent = igpo.agent
+    needed = 2 * (agent.max_tokens_per_turn + 1) + agent.max_observation_tokens + _FRAME_TOKENS
+    if response_length < needed:
+        raise ConfigError(
+            f"rollout.response_length={response_length} leaves no room for one tool call: a tool turn, its "
+            f"observation and the final turn need {needed} tokens (2 x (agent.max_tokens_per_turn="
+            f"{agent.max_tokens_per_turn} + 1) + agent.max_observation_tokens={agent.max_observation_tokens} + "
+            f"{_FRAME_TOKENS} for the chat frame), so every trajectory would be a single forced answer. Raise "
+            "data.max_response_length or lower algorithm.igpo.agent.max_tokens_per_turn / max_observation_tokens.")
+
+
+# Upper bound of the chat-template tokens around one observation (ChatML: ~10; the check only needs a safe margin).
+_FRAME_TOKENS = 64
+
+
+# ------------------------------------------------------------------------------------------------- helpers
+
+
+def _model_config(path: str):
+    """The model's Hugging Face config (a config-only directory is enough), or None when it cannot be read here."""
+    if not (Path(path).expanduser() / "config.json").is_file():
+        return None
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(str(Path(path).expanduser()))
+    except (OSError, ValueError):
+        return None
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _sp_ok(sp: int, gpus_per_node: int, heads: int | None, kv_heads: int | None) -> bool:
+    """Ulysses splits attention heads over the group (within one node); K/V heads are split or replicated."""
+    if gpus_per_node % sp:
+        return False
+    if heads and heads % sp:
+        return False
+    return not kv_heads or kv_heads % sp == 0 or sp % kv_heads == 0
+
+
+def _smallest_sp(context: int, tokens_per_gpu: int, gpus_per_node: int, heads, kv_heads) -> int | None:
+    for sp in _divisors(gpus_per_node):
+        if _sp_ok(sp, gpus_per_node, heads, kv_heads) and context <= tokens_per_gpu * sp:
+            return sp
+    return None
+
+
+def _sequence_parallel(value: Any, attention: str, context: int, tokens_per_gpu: int, gpus_per_node: int,
+                       heads: int | None, kv_heads: int | None) -> int:
+    if str(value) == "auto":
+        if attention != "flash_attention_2":
+            return 1
+        sp = _smallest_sp(context, tokens_per_gpu, gpus_per_node, heads, kv_heads)
+        if sp is None:  # nothing fits: the largest valid degree, and the caller reports the shortfall
+            sp = max(d for d in _divisors(gpus_per_node) if _sp_ok(d, gpus_per_node, heads, kv_heads))
+        return sp
+    try:
+        sp = int(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"igpo_launch.sequence_parallel={value!r} must be auto or a positive integer.") from None
+    if sp < 1:
+        raise ConfigError(f"igpo_launch.sequence_parallel={sp} must be >= 1.")
+    if sp > 1 and attention != "flash_attention_2":
+        raise ConfigError(f"igpo_launch.sequence_parallel={sp} needs flash-attn (verl's Ulysses path patches only the "
+                          f"flash-attention forward), and attention is {attention}; install it ({FLASH_ATTN_INSTALL}) "
+                          "or set igpo_launch.sequence_parallel=1.")
+    if not _sp_ok(sp, gpus_per_node, heads, kv_heads):
+        valid = [d for d in _divisors(gpus_per_node) if _sp_ok(d, gpus_per_node, heads, kv_heads)]
+        raise ConfigError(f"igpo_launch.sequence_parallel={sp} must divide trainer.n_gpus_per_node={gpus_per_node} "
+                          f"and the model's {heads} attention heads ({kv_heads} K/V heads); use one of {valid}.")
+    return sp
