@@ -1,43 +1,77 @@
 #!/usr/bin/env bash
 # Train a deep-research agent with IGPO on verl 0.9.1.
 #
-#   bash train_igpo.sh [hydra overrides...]      e.g.  bash train_igpo.sh trainer.total_training_steps=2
+#   bash train_igpo.sh [--dry-run] [hydra overrides...]      e.g.  bash train_igpo.sh trainer.total_training_steps=2
 #
-# With GPUs: the real configuration (configs/igpo_trainer.yaml); MODEL_PATH, TRAIN_FILE, VAL_FILE choose the run.
+# With GPUs: a GPU preset (configs/igpo_trainer.yaml for a node of several GPUs, + configs/gpu_preset/gpu1.yaml for
+# one GPU; IGPO_PRESET=node8|gpu1 chooses); MODEL_PATH, TRAIN_FILE, VAL_FILE choose the run. GPUs are counted from
+# CUDA_VISIBLE_DEVICES when it is set, else from nvidia-smi; IGPO_GPUS=N plans for N GPUs per node (with --dry-run
+# also on a machine without any), NNODES=<n> for several nodes.
 # Without GPUs (or with IGPO_DEVICE=cpu): the embedded CPU demo (configs/cpu_demo.yaml): a tiny local model, the local
 # BM25 corpus behind tool_server, F1 reward, a few steps. Secrets and endpoints come from .env (see .env.example).
+# --dry-run: plan and check the configuration (verl's validation and ours), print the plan and exit without Ray.
 set -euo pipefail
 cd "$(dirname "$0")"
 ROOT="$(pwd)"
 
-if [ -f .env ]; then set -a; . ./.env; set +a; fi
-source scripts/env.sh
+DRY_RUN=0
+ARGS=()
+for arg in "$@"; do
+    if [ "$arg" = "--dry-run" ]; then DRY_RUN=1; else ARGS+=("$arg"); fi
+done
+config_error() { echo "igpo: configuration error: $*" >&2; exit 2; }
 
-GPUS=0
+if [ -f .env ]; then set -a; . ./.env; set +a; fi
+
+# GPUs this job may use: nvidia-smi lists every GPU of the machine, CUDA_VISIBLE_DEVICES says which are ours.
+FOUND=0
 if [ "${IGPO_DEVICE:-auto}" != "cpu" ] && command -v nvidia-smi >/dev/null 2>&1; then
-    GPUS=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU" || true)
+    FOUND=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU" || true)
+    if [ -n "${CUDA_VISIBLE_DEVICES+set}" ]; then
+        case "$CUDA_VISIBLE_DEVICES" in
+            ""|-1) VISIBLE=0 ;;
+            *) VISIBLE=$(echo "$CUDA_VISIBLE_DEVICES" | tr ',' '\n' | grep -c . || true) ;;
+        esac
+        [ "$VISIBLE" -lt "$FOUND" ] && FOUND=$VISIBLE
+    fi
 fi
-RUN_DIR="${OUTPUT_DIR:-$ROOT/outputs/$(date +%Y%m%d-%H%M%S)}"
-mkdir -p "$RUN_DIR"
-LOG="$RUN_DIR/train.log"
+GPUS=$FOUND
+if [ -n "${IGPO_GPUS:-}" ]; then
+    [[ "$IGPO_GPUS" =~ ^[1-9][0-9]*$ ]] || config_error "IGPO_GPUS=$IGPO_GPUS is not a positive number of GPUs per node."
+    if [ "$DRY_RUN" = 0 ] && [ "$IGPO_GPUS" -gt "$FOUND" ]; then
+        config_error "IGPO_GPUS=$IGPO_GPUS but this machine shows $FOUND usable GPU(s); IGPO_GPUS without GPUs is for planning: add --dry-run."
+    fi
+    GPUS=$IGPO_GPUS
+fi
 
 if [ "$GPUS" -gt 0 ]; then
+    PRESET="${IGPO_PRESET:-$([ "$GPUS" -eq 1 ] && echo gpu1 || echo node8)}"
     CONFIG=igpo_trainer
+    case "$PRESET" in
+        node8) PRESET_ARGS=() ;;
+        gpu1) PRESET_ARGS=(gpu_preset=gpu1) ;;
+        *) config_error "IGPO_PRESET=$PRESET is not node8 or gpu1." ;;
+    esac
+    # A GPU job runs in the GPU environment (vLLM, CUDA torch), never in the CPU .venv; a dry run needs only verl.
+    if [ "$DRY_RUN" = 1 ]; then IGPO_ENV="${IGPO_ENV:-cpu}"; else IGPO_ENV=gpu; fi
+    export IGPO_ENV
+    source scripts/env.sh
     : "${MODEL_PATH:?MODEL_PATH is not set: the policy checkpoint (a local Hugging Face directory) to train}"
     TRAIN_FILE="${TRAIN_FILE:-$ROOT/data/train_nq_256.parquet}"
     VAL_FILE="${VAL_FILE:-$ROOT/data/qa_test_7src.parquet}"
     TOOL_BACKEND="${TOOL_BACKEND:-web}"
-    OVERRIDES=(trainer.n_gpus_per_node="$GPUS" trainer.nnodes="${NNODES:-1}")
-    echo "igpo: $GPUS GPU(s) found: running configs/igpo_trainer.yaml with MODEL_PATH=$MODEL_PATH"
+    OVERRIDES=("${PRESET_ARGS[@]}" trainer.n_gpus_per_node="$GPUS" trainer.nnodes="${NNODES:-1}")
+    echo "igpo: $GPUS GPU(s) per node: preset $PRESET, MODEL_PATH=$MODEL_PATH, python $PY"
 else
     CONFIG=cpu_demo
-    export VERL_PLATFORM=cpu
+    export VERL_PLATFORM=cpu IGPO_ENV=cpu
+    source scripts/env.sh
     if [ -z "${MODEL_PATH:-}" ]; then
         # A tiny random Qwen2 + local tokenizer, warm-started for ~1 minute on synthetic search-then-answer
         # trajectories so that it issues real tool calls (both cached under .cache/).
         echo "igpo: preparing the tiny demo model (first run: about two minutes; cached afterwards)"
         CORPUS="$ROOT/data/wiki_passages_1000.jsonl"
-        PREP_LOG="$RUN_DIR/demo_model.log"
+        PREP_LOG="$(mktemp -t igpo-demo-model.XXXXXX.log)"
         BASE=$("$PY" -m igpo.tiny_model --out "$ROOT/.cache/tiny_model" --corpus "$CORPUS" 2>>"$PREP_LOG" | tail -n 1) \
             && MODEL_PATH=$("$PY" -m igpo.warmstart --base "$BASE" --corpus "$CORPUS" \
                             --out "$ROOT/.cache/tiny_model_warm" 2>>"$PREP_LOG" | tail -n 1) \
@@ -49,6 +83,17 @@ else
     OVERRIDES=()
     echo "igpo: no GPU: running the CPU demo (configs/cpu_demo.yaml, tiny model at $MODEL_PATH)"
 fi
+
+if [ "$DRY_RUN" = 1 ]; then
+    exec "$PY" -m igpo.main --dry-run --config-name "$CONFIG" \
+        actor_rollout_ref.model.path="$MODEL_PATH" \
+        data.train_files="$TRAIN_FILE" data.val_files="$VAL_FILE" \
+        "${OVERRIDES[@]}" "${ARGS[@]}"
+fi
+
+RUN_DIR="${OUTPUT_DIR:-$ROOT/outputs/$(date +%Y%m%d-%H%M%S)}"
+mkdir -p "$RUN_DIR"
+LOG="$RUN_DIR/train.log"
 
 TOOL_PID=""
 cleanup() {
@@ -86,8 +131,8 @@ set +e
     data.train_files="$TRAIN_FILE" data.val_files="$VAL_FILE" \
     algorithm.igpo.agent.tool_server_url="$TOOL_SERVER_URL" \
     trainer.default_local_dir="$RUN_DIR/checkpoints" \
-    "${OVERRIDES[@]}" "$@" 2>&1 | tee "$LOG" \
-    | grep --line-buffered -E "step:[0-9]+ -|igpo: configuration error|Error executing job" \
+    "${OVERRIDES[@]}" "${ARGS[@]}" 2>&1 | tee "$LOG" \
+    | grep --line-buffered -E "step:[0-9]+ -|igpo: (configuration error|plan|note)|Error executing job" \
     | awk '!match($0, /step:[0-9]+ -/) { print; fflush(); next }
            { line = "igpo: " substr($0, RSTART, RLENGTH - 2)
              n = split("critic/score/mean igpo/ig_active_ratio igpo/raw_ig_mean igpo/turns_mean timing_s/step", keys, " ")
