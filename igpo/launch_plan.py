@@ -258,14 +258,22 @@ def check_algorithm(config: Any):
                 "are of the untempered model, while the actor scores at the rollout temperature (as the reference "
                 "does). Use algorithm.igpo.score_on=actor (or temperature 1.0) so both sides score the same "
                 "distribution.")
+    if trainer_mode == "igpo_sync":
+        check_rollout_correction(config)
+    return igpo
+
+
+def check_rollout_correction(config: Any) -> None:
+    """igpo_sync replaces the step that applies verl's rollout correction; refuse it rather than drop it silently."""
     correction = config.algorithm.get("rollout_correction") or {}
     active = [key for key in ("rollout_is", "rollout_rs") if correction.get(key) is not None]
-    if active and trainer_mode == "igpo_sync":
+    if active and not correction.get("bypass_mode", False):
         raise ConfigError(
             f"algorithm.rollout_correction.{active[0]}={correction.get(active[0])!r}: the igpo_sync trainer computes "
             "its own advantages and does not apply verl's rollout correction (importance weights / rejection); "
-            f"set algorithm.rollout_correction.{active[0]}=null, or use bypass_mode (applied in the actor's loss).")
-    return igpo
+            f"set algorithm.rollout_correction.{active[0]}=null, or algorithm.rollout_correction.bypass_mode=true with "
+            "actor_rollout_ref.actor.policy_loss.loss_mode=bypass_mode (the correction then happens in the actor's "
+            "loss, as in stock verl).")
 
 
 def check_cpu_backend(config: Any) -> None:

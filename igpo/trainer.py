@@ -33,6 +33,7 @@ from verl.workers.utils.padding import response_to_nested
 
 from igpo.actor_worker import IGPOActorRolloutRefWorker
 from igpo.config import IGPOConfig
+from igpo.launch_plan import check_rollout_correction
 from igpo.core.ground_truth import answer_probes
 from igpo.core.scoring import validate_request
 from igpo.core.advantage import WarmupGate, advantage_at_boundaries, curriculum_weights, last_response_token
@@ -85,6 +86,7 @@ class IGPOTrainerSync(PPOTrainerSync):
     def __init__(self, config):
         super().__init__(config)
         self.igpo = IGPOConfig.from_algorithm(config.algorithm)
+        check_rollout_correction(config)
         if config.algorithm.get("use_kl_in_reward", False):
             raise ValueError("algorithm.use_kl_in_reward=true puts a reward on every token, which breaks IGPO's "
                              "turn rewards; use actor_rollout_ref.actor.use_kl_loss=true instead.")
@@ -218,6 +220,8 @@ class IGPOTrainerSync(PPOTrainerSync):
         metrics.update(adv_metrics)
         metrics.update({f"igpo/{k}": v for k, v in ig_stats.items()})
         metrics.update(self._rollout_metrics(extras, num_turns))
+        # Samples the actor could not score (bad probe, context window) are scoring errors too, whichever side scored.
+        metrics["igpo/scoring_errors"] += metrics.get("igpo/scoring_skipped", 0.0)
         metrics["igpo/ig_gate_active"] = float(gate_open)
         metrics["igpo/outcome_score_ema"] = float(self.warmup.ema if self.warmup.ema is not None else 0.0)
         if self.igpo.curriculum.enabled:
