@@ -48,13 +48,16 @@ instead of all layers (Qwen3-4B: ~0.8 GB instead of ~29 GB at 200K tokens, bf16)
 
 Supported models: Hugging Face Qwen2/Qwen3-style causal LMs (``model.model.{embed_tokens, layers, norm,
 rotary_emb}``, ``model.lm_head``; layers with ``input_layernorm``, ``self_attn.{q,k,v,o}_proj`` (+ optional
-``q_norm``/``k_norm``), ``post_attention_layernorm``, ``mlp``), full attention only. Layers wrapped with FSDP2
-(``fully_shard``) are gathered one at a time around their use.
+``q_norm``/``k_norm``), ``post_attention_layernorm``, ``mlp``), full attention only. Plain models and FSDP2
+(``fully_shard``, any ``MixedPrecisionPolicy``, with or without ``CPUOffloadPolicy``): each wrapped module is gathered
+around its use, and the pass computes on the device and in the dtype of the gathered weights. FSDP1
+(``FullyShardedDataParallel``) is refused: it has no per-module gather the pass could drive.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from dataclasses import dataclass
 from typing import Iterator, Sequence
@@ -177,7 +180,8 @@ def score_answer_logprobs(model: torch.nn.Module, trajectory_ids: torch.Tensor, 
 
     out[k, p] = (1/|G_p|) Σ_{j∈G_p} log softmax(z/τ)[y_pj] with z the logits at context x[:b_k] + y_p[:j].
     ``trajectory_ids`` is the unpadded trajectory [L] (any device; moved to the model's). Runs under no_grad on the
-    model's device and dtype. Raises ``ValueError`` for bad input (see ``validate_request``).
+    device and in the dtype the model computes with (under FSDP2: of its gathered weights, e.g. bf16 on the GPU for
+    fp32 shards with a bf16 MixedPrecisionPolicy). Raises ``ValueError`` for bad input (see ``validate_request``).
     """
     if trajectory_ids.dim() != 1 or trajectory_ids.dtype not in (torch.int64, torch.int32):
         raise ValueError(f"trajectory_ids must be a 1-D integer tensor of unpadded token ids, got shape "
@@ -227,7 +231,8 @@ def _score_per_turn(model, trajectory_ids, boundaries, probes, cfg) -> torch.Ten
             # The last ge-gs positions (b+gs-1 .. b+ge-2) predict y_gs .. y_{ge-1}.
             logits = model(input_ids=ids, use_cache=False, logits_to_keep=ge - gs).logits[0].float()
             logp = torch.log_softmax(logits / cfg.temperature, dim=-1)
-            out[k, p] = logp.gather(-1, probe_ids[p][gs:ge, None]).mean().cpu()
+            # Under FSDP2's CPUOffloadPolicy the ids stay on the CPU and the root module moves them to the GPU.
+            out[k, p] = logp.gather(-1, probe_ids[p][gs:ge, None].to(logp.device)).mean().cpu()
     return out
 
 
@@ -247,11 +252,18 @@ class _DecoderParts:
     n_heads: int
     n_kv_heads: int
     head_dim: int
-    device: torch.device
-    dtype: torch.dtype
 
     @staticmethod
     def of(model: torch.nn.Module) -> "_DecoderParts":
+        fsdp1_class = _fsdp_classes()[0]
+        fsdp1 = [name or "the model itself" for name, module in model.named_modules()
+                 if isinstance(module, fsdp1_class)]
+        if fsdp1:
+            raise ValueError(f"The model is wrapped with FSDP1 (FullyShardedDataParallel: {', '.join(fsdp1[:3])}"
+                             f"{', ...' if len(fsdp1) > 3 else ''}); the packed scorer gathers one layer at a time "
+                             "with FSDP2's unshard(), which FSDP1 lacks. Under verl set "
+                             "actor_rollout_ref.actor.strategy=fsdp2; elsewhere wrap with "
+                             "torch.distributed.fsdp.fully_shard or use ScoringConfig(strategy='per_turn').")
         body = getattr(model, "model", None)
         missing = [name for name in ("embed_tokens", "layers", "norm", "rotary_emb") if not hasattr(body, name)]
         if missing or not hasattr(model, "lm_head"):
@@ -268,35 +280,42 @@ class _DecoderParts:
             raise ValueError(f"{type(model).__name__}'s attention lacks separate q/k/v/o projections; the packed "
                              "scorer needs the Qwen2/Qwen3 layout. Use strategy='per_turn'.")
         n_heads = config.num_attention_heads
-        parameter = next(model.parameters())
         return _DecoderParts(
             root=model, embed=body.embed_tokens, layers=list(body.layers), norm=body.norm, rotary=body.rotary_emb,
             lm_head=model.lm_head, n_heads=n_heads, n_kv_heads=config.num_key_value_heads,
-            head_dim=getattr(config, "head_dim", None) or config.hidden_size // n_heads, device=parameter.device,
-            dtype=parameter.dtype,
+            head_dim=getattr(config, "head_dim", None) or config.hidden_size // n_heads,
         )
 
 
+@functools.cache
+def _fsdp_classes() -> tuple[type | tuple, type | tuple]:
+    """(FSDP1, FSDP2) module classes, imported on first use (~0.6 s); () when torch lacks distributed support."""
+    try:
+        from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
+    except ImportError:  # nothing can be sharded
+        return (), ()
+    return FullyShardedDataParallel, FSDPModule
+
+
 @contextlib.contextmanager
-def _gathered(module: torch.nn.Module) -> Iterator[None]:
-    """Unshard an FSDP2 (``fully_shard``) module's parameters around direct use of its submodules.
+def _gathered(*modules: torch.nn.Module) -> Iterator[None]:
+    """Unshard the FSDP2 (``fully_shard``) modules among ``modules`` around direct use of their parameters.
 
     The packed pass calls a layer's projections directly (not ``layer.forward``), so FSDP2's pre-forward hook that
-    all-gathers them would not fire. Every rank gathers the same modules in the same order per request, which keeps
-    ranks in lockstep as long as each rank scores the same number of requests.
+    all-gathers them would not fire. The embedding, final norm and lm_head are run with ``.forward`` for the same
+    reason the other way round: if verl wrapped them on their own (untied embeddings), their hooks would fire, and
+    when the model has not run a forward yet the first hooked module becomes the root of FSDP2's lazy init, after
+    which every real forward of the model fails. Every rank gathers the same modules in the same order per request,
+    which keeps ranks in lockstep as long as each rank scores the same number of requests.
     """
-    try:
-        from torch.distributed.fsdp import FSDPModule
-    except ImportError:  # torch without FSDP2: nothing can be sharded
-        FSDPModule = ()
-    if isinstance(module, FSDPModule):
+    sharded = [module for module in modules if isinstance(module, _fsdp_classes()[1])]
+    for module in sharded:
         module.unshard()
-        try:
-            yield
-        finally:
-            module.reshard()
-    else:
+    try:
         yield
+    finally:
+        for module in reversed(sharded):
+            module.reshard()
 
 
 # Fixed cost of one attention call, in (query, key) scores: what a separate SDPA call must save to be worth it.
@@ -475,11 +494,8 @@ def _flex_attention(device: torch.device):
 
 
 def _score_packed(parts: _DecoderParts, trajectory_ids, boundaries, probes, cfg: ScoringConfig) -> torch.Tensor:
-    device, n_probes = parts.device, len(probes)
+    n_probes = len(probes)
     length = max(boundaries)  # tokens after the last boundary never influence a score
-    attention = _Attention(cfg.attention, device, parts.dtype)
-    scale = parts.layers[0].self_attn.scaling
-    elem = torch.finfo(parts.dtype).bits // 8
 
     # Copies in decreasing b_k (stable), probes inner: the in-place probe K/V write relies on this order.
     bounds = torch.tensor(boundaries, dtype=torch.long)
@@ -498,6 +514,17 @@ def _score_packed(parts: _DecoderParts, trajectory_ids, boundaries, probes, cfg:
     token_ids = probe_flat[probe_first[copy_p[copy_of_token]] + offset]
     token_pos = copy_b[copy_of_token] + offset
     token_bound = copy_b[copy_of_token]
+
+    # Device and dtype are those of the gathered weights, not of the stored ones: FSDP2 keeps fp32 shards (on the CPU
+    # under CPUOffloadPolicy) and gathers them in its MixedPrecisionPolicy's param_dtype on the accelerator.
+    with _gathered(parts.root, parts.embed):
+        ids_device = parts.embed.weight.device
+        hidden = parts.embed.forward(trajectory_ids[:length].to(ids_device)[None])
+        probe_hidden = parts.embed.forward(token_ids.to(ids_device)[None])
+    device, dtype = hidden.device, hidden.dtype
+    attention = _Attention(cfg.attention, device, dtype)
+    scale = parts.layers[0].self_attn.scaling
+    elem = torch.finfo(dtype).bits // 8
 
     sdpa = attention.backend == "sdpa"
     groups = _attention_groups(copy_b.tolist(), copy_len.tolist(), cfg.max_probe_tokens,
@@ -522,19 +549,16 @@ def _score_packed(parts: _DecoderParts, trajectory_ids, boundaries, probes, cfg:
                    for g in groups]
     probe_chunks = [(s, min(s + cfg.max_probe_tokens, n_tokens)) for s in range(0, n_tokens, cfg.max_probe_tokens)]
     # RoPE tables depend only on positions: computed once, shared by all layers (the model's own rotary module).
-    like = torch.empty(0, device=device, dtype=parts.dtype)  # the rotary module reads only device and dtype from it
+    like = torch.empty(0, device=device, dtype=dtype)  # the rotary module reads only device and dtype from it
     probe_rope = [parts.rotary(like, token_pos[None, s:e]) for s, e in probe_chunks]
     traj_rope = [parts.rotary(like, positions[None, s:e]) for s, e in blocks]
     row_rope = [parts.rotary(like, context_rows[None, s:e]) for s, e in row_chunks]
 
-    with _gathered(parts.root):
-        hidden = parts.embed(trajectory_ids[:length][None])
-        probe_hidden = parts.embed(token_ids.to(device)[None])
     width = max((g.end - g.start for g in groups), default=0)
-    k_buf = torch.empty(1, parts.n_kv_heads, length + width, parts.head_dim, device=device, dtype=parts.dtype)
+    k_buf = torch.empty(1, parts.n_kv_heads, length + width, parts.head_dim, device=device, dtype=dtype)
     v_buf = torch.empty_like(k_buf)
-    q_all = torch.empty(1, parts.n_heads, n_tokens, parts.head_dim, device=device, dtype=parts.dtype)
-    k_all = torch.empty(1, parts.n_kv_heads, n_tokens, parts.head_dim, device=device, dtype=parts.dtype)
+    q_all = torch.empty(1, parts.n_heads, n_tokens, parts.head_dim, device=device, dtype=dtype)
+    k_all = torch.empty(1, parts.n_kv_heads, n_tokens, parts.head_dim, device=device, dtype=dtype)
     v_all, out_all = torch.empty_like(k_all), torch.empty_like(q_all)
     last = len(parts.layers) - 1
     for index, layer in enumerate(parts.layers):
@@ -584,9 +608,9 @@ def _score_packed(parts: _DecoderParts, trajectory_ids, boundaries, probes, cfg:
     vocab = parts.lm_head.weight.shape[0] if hasattr(parts.lm_head, "weight") else 1
     step = max(1, cfg.logits_budget_mb * 2**20 // (4 * vocab))
     row, target_ids = row.to(device), target_ids.to(device)
-    with _gathered(parts.root):
+    with _gathered(parts.root, parts.norm, parts.lm_head):
         for s in range(0, row.numel(), step):
-            logits = parts.lm_head(parts.norm(sources[row[s:s + step]])).float() / cfg.temperature
+            logits = parts.lm_head.forward(parts.norm.forward(sources[row[s:s + step]])).float() / cfg.temperature
             logp[s:s + step] = torch.log_softmax(logits, dim=-1).gather(-1, target_ids[s:s + step, None])[:, 0]
 
     # Segment mean over each copy's targets, then back to [K, P] in the caller's boundary order.
