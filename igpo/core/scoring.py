@@ -396,12 +396,15 @@ class _Attention:
             return None if causal else (q_bound, n_traj, q_seg)
         from torch.nn.attention.flex_attention import BlockMask
 
+        # torch.compile guards on what mask_mod captures: a Python int is a constant (each new block or group length
+        # would compile the kernel again) and None vs a tensor is a branch. So the prefix length comes as a tensor,
+        # and a trajectory block gets placeholder copy ids: its keys all lie below traj_len, the copy term never holds.
+        traj_len = torch.tensor(n_traj, device=q_bound.device)
+        seg = q_seg if q_seg is not None else torch.zeros_like(q_bound)
+
         def mask_mod(b, h, q, kv):
-            in_traj = kv < q_bound[q]
-            if q_seg is None:
-                return in_traj
-            own = (kv - n_traj).clamp(min=0)
-            return in_traj | ((kv >= n_traj) & (q_seg[own] == q_seg[q]) & (own <= q))
+            own = (kv - traj_len).clamp(min=0)
+            return (kv < q_bound[q]) | ((kv >= traj_len) & (seg[own] == seg[q]) & (own <= q))
 
         n_q = q_bound.numel()
         n_kv = n_traj + (n_q if q_seg is not None else 0)
@@ -426,7 +429,9 @@ class _Attention:
 
     def __call__(self, q, k, v, plan, scale: float) -> torch.Tensor:
         if self.backend == "flex":
-            return _flex_attention(q.device)(q, k, v, block_mask=plan, scale=scale, enable_gqa=True)
+            # Queries arrive as transposed projections or slices of the packed probe buffer; one layout for all calls
+            # keeps the compiled kernel's stride guards from compiling a new graph per layout.
+            return _flex_attention(q.device)(q.contiguous(), k, v, block_mask=plan, scale=scale, enable_gqa=True)
         mask = None if plan is None else self._additive_mask(*plan)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=plan is None, scale=scale,
                                               enable_gqa=True)
