@@ -73,12 +73,13 @@ class Plan:
     attention: str
     tokens_per_gpu: int
     batch: str
+    estimator: str
     notes: list[str] = field(default_factory=list)
 
     def line(self) -> str:
         return (f"igpo: dry run ok: gpus={self.gpus} nodes={self.nodes} rollout={self.rollout} tp={self.tp} "
                 f"sp={self.sp} context_tokens={self.context_tokens} score_on={self.score_on} attn={self.attention} "
-                f"tokens_per_gpu={self.tokens_per_gpu} batch={self.batch}")
+                f"tokens_per_gpu={self.tokens_per_gpu} batch={self.batch} estimator={self.estimator}")
 
     def describe(self) -> list[str]:
         """The plan in a few readable lines (printed at start-up and by the dry run)."""
@@ -88,7 +89,8 @@ class Plan:
             f"with tensor parallel {self.tp}; actor/ref FSDP2, Ulysses sequence parallel {self.sp} (data parallel "
             f"{dp}); attention {self.attention}",
             f"igpo: plan: {self.context_tokens} tokens per trajectory, {self.tokens_per_gpu} tokens per GPU "
-            f"micro-batch; batch {self.batch}; answer scoring on the {self.score_on}",
+            f"micro-batch; batch {self.batch}; advantage estimator {self.estimator}; answer scoring on the "
+            f"{self.score_on}",
         ]
         return lines + [f"igpo: note: {note}" for note in self.notes]
 
@@ -143,7 +145,8 @@ def plan_launch(config: Any, env: Environment) -> Plan:
     if on_cpu:
         return Plan(gpus=0, nodes=nodes, rollout=str(rollout.name), tp=1, sp=1, context_tokens=context,
                     score_on=igpo.score_on, attention=str((arr.model.get("override_config") or {}).get(
-                        "attn_implementation", "sdpa")), tokens_per_gpu=context, batch=f"{prompts}x{n}", notes=notes)
+                        "attn_implementation", "sdpa")), tokens_per_gpu=context, batch=f"{prompts}x{n}",
+                    estimator=str(config.algorithm.adv_estimator), notes=notes)
 
     launch = config.get("igpo_launch") or {}
     attention = str(launch.get("attention", "auto"))
@@ -201,7 +204,7 @@ def plan_launch(config: Any, env: Environment) -> Plan:
             context = int(max_model_len)
     return Plan(gpus=gpus_per_node * nodes, nodes=nodes, rollout=str(rollout.name), tp=tp, sp=sp,
                 context_tokens=context, score_on=igpo.score_on, attention=attention, tokens_per_gpu=tokens_per_gpu,
-                batch=f"{prompts}x{n}", notes=notes)
+                batch=f"{prompts}x{n}", estimator=str(config.algorithm.adv_estimator), notes=notes)
 
 
 # ------------------------------------------------------------------------------------------------- the checks
@@ -244,6 +247,7 @@ def check_algorithm(config: Any):
             raise ConfigError(f"train_reward_type=llm: {error} Set it in .env (see .env.example) or use "
                               "reward.custom_reward_function.reward_kwargs.train_reward_type=f1.") from None
 
+    check_estimator(str(config.algorithm.adv_estimator))
     trainer_mode = str((config.trainer.get("v1") or {}).get("trainer_mode", ""))
     if igpo.score_on == "rollout":
         if trainer_mode != "igpo_sync":
@@ -261,6 +265,18 @@ def check_algorithm(config: Any):
     if trainer_mode == "igpo_sync":
         check_rollout_correction(config)
     return igpo
+
+
+def check_estimator(name: str) -> None:
+    """``algorithm.adv_estimator`` must be ours or registered with verl; an unknown name would otherwise run IGPO."""
+    from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY
+
+    import igpo.estimator  # noqa: F401  (registers igpo / grpo_info_gain even where verl's plugins were not loaded)
+
+    if name not in ADV_ESTIMATOR_REGISTRY:
+        raise ConfigError(f"algorithm.adv_estimator={name!r} is not a registered advantage estimator; use igpo (or its "
+                          f"alias grpo_info_gain), grpo for the outcome-only baseline, or one of "
+                          f"{sorted(ADV_ESTIMATOR_REGISTRY)}.")
 
 
 def check_rollout_correction(config: Any) -> None:

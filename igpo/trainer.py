@@ -33,12 +33,13 @@ from verl.workers.utils.padding import response_to_nested
 
 from igpo.actor_worker import IGPOActorRolloutRefWorker
 from igpo.config import IGPOConfig
-from igpo.launch_plan import check_rollout_correction
+from igpo.estimator import ESTIMATOR_NAMES
+from igpo.launch_plan import check_estimator, check_rollout_correction
 from igpo.core.ground_truth import answer_probes
 from igpo.core.scoring import validate_request
 from igpo.core.advantage import WarmupGate, advantage_at_boundaries, curriculum_weights, last_response_token
-from igpo.core.info_gain import reduce_alias_logprobs, scored_boundaries, turn_boundaries, turn_format_penalty, \
-    turn_information_gain
+from igpo.core.info_gain import ig_by_answer_seen, reduce_alias_logprobs, scored_boundaries, turn_boundaries, \
+    turn_format_penalty, turn_information_gain
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +80,16 @@ def _turn_tensors(extras: list[dict], length: int, alias_mode: str):
     return torch.tensor(num_turns), turn_ends, format_ok, tool_names, boundary_lp
 
 
+def _answer_seen(extras: list[dict], num_turns: torch.Tensor, width: int) -> torch.Tensor:
+    """[B, width] bool: the observation after turn j contained a gold alias (the agent loop's ``igpo_answer_seen``)."""
+    seen = torch.zeros(len(extras), width, dtype=torch.bool)
+    for i, e in enumerate(extras):
+        flags = [bool(v) for v in list(e.get("igpo_answer_seen") or [])[:int(num_turns[i])]]
+        if flags:
+            seen[i, :len(flags)] = torch.tensor(flags)
+    return seen
+
+
 @register_trainer("igpo_sync")
 class IGPOTrainerSync(PPOTrainerSync):
     """verl's synchronous v1 trainer with IGPO's turn-level rewards and advantage."""
@@ -87,6 +98,13 @@ class IGPOTrainerSync(PPOTrainerSync):
         super().__init__(config)
         self.igpo = IGPOConfig.from_algorithm(config.algorithm)
         check_rollout_correction(config)
+        estimator = str(config.algorithm.adv_estimator)
+        check_estimator(estimator)
+        # IGPO's own turn-level advantage, or any other registered estimator (stock GRPO: outcome only) run by verl's
+        # step on the same agent loop, for like-for-like comparisons.
+        self.uses_igpo = estimator in ESTIMATOR_NAMES
+        logger.warning("igpo_sync: advantage estimator %s (%s)", estimator,
+                       "IGPO turn-level" if self.uses_igpo else "verl's, on the outcome reward")
         if config.algorithm.get("use_kl_in_reward", False):
             raise ValueError("algorithm.use_kl_in_reward=true puts a reward on every token, which breaks IGPO's "
                              "turn rewards; use actor_rollout_ref.actor.use_kl_loss=true instead.")
@@ -167,6 +185,8 @@ class IGPOTrainerSync(PPOTrainerSync):
     # ---- advantage ----------------------------------------------------------------------------------------------
 
     def _compute_advantage(self, batch, metrics: dict):
+        if not self.uses_igpo:
+            return self._compute_stock_advantage(batch, metrics)
         started = time.perf_counter()
         fields = ["uid", "response_mask", "rm_scores", "extra_fields"]
         data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
@@ -174,10 +194,32 @@ class IGPOTrainerSync(PPOTrainerSync):
         uids = data.pop("uid").tolist()
         nested_mask = data["response_mask"]
         padded = data.to_padded_tensor()
-        response_mask = padded["response_mask"].bool()
-        rm_scores = padded["rm_scores"].float()
-        B, L = response_mask.shape
 
+        def score_on_actor(scored, num_turns):
+            return self._score_on_actor(batch, extras, scored, num_turns, metrics)
+
+        advantages, returns = self._igpo_advantage(extras, uids, padded["response_mask"].bool(),
+                                                   padded["rm_scores"].float(), metrics, score_on_actor)
+        metrics["timing_s/igpo_advantage"] = time.perf_counter() - started
+        output = TensorDict({"advantages": response_to_nested(advantages.float(), nested_mask),
+                             "returns": response_to_nested(returns.float(), nested_mask)}, batch_size=len(batch))
+        return tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=output)
+
+    def _compute_stock_advantage(self, batch, metrics: dict):
+        """A non-IGPO estimator (e.g. ``grpo``): verl's own step on the outcome reward, plus our rollout metrics."""
+        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["extra_fields"])
+        extras = [e if isinstance(e, dict) else {} for e in data.pop("extra_fields").tolist()]
+        num_turns = torch.tensor([int(e.get("igpo_num_turns") or 0) for e in extras], dtype=torch.long)
+        metrics.update(self._rollout_metrics(extras, num_turns))
+        return super()._compute_advantage(batch, metrics)
+
+    def _igpo_advantage(self, extras: list[dict], uids: list, response_mask: torch.Tensor, rm_scores: torch.Tensor,
+                        metrics: dict, score_on_actor) -> tuple[torch.Tensor, torch.Tensor]:
+        """IGPO advantages and returns [B, L] from the agent loop's records (no Ray, no TransferQueue: unit-tested).
+
+        ``score_on_actor(scored, num_turns)`` returns the answer log-probs per boundary [B, T] when the actor scores.
+        """
+        B, L = response_mask.shape
         group_of: dict = {}
         group = torch.tensor([group_of.setdefault(u, len(group_of)) for u in uids], dtype=torch.long)
         last = last_response_token(response_mask)
@@ -191,23 +233,24 @@ class IGPOTrainerSync(PPOTrainerSync):
         for i, row in enumerate(scored_boundaries(tool_names, self.igpo.info_gain)):
             scored[i, :len(row)] = torch.tensor(row, dtype=torch.bool)
         if self.igpo.score_on == "actor":
-            boundary_lp = self._score_on_actor(batch, extras, scored, num_turns, metrics)
+            boundary_lp = score_on_actor(scored, num_turns)
         elif self.igpo.verify_scoring:
-            actor_lp = self._score_on_actor(batch, extras, scored, num_turns, metrics)
+            actor_lp = score_on_actor(scored, num_turns)
             both = torch.isfinite(actor_lp) & torch.isfinite(boundary_lp)
             diff = (actor_lp - boundary_lp).abs()[both]
             metrics["igpo/scoring_rollout_vs_actor_max_abs_diff"] = float(diff.max()) if diff.numel() else float("nan")
 
         gate_open = self.warmup.update(float(outcome[has_tokens].mean()) if bool(has_tokens.any()) else 0.0)
         ig, ig_turn_mask, ig_stats = turn_information_gain(boundary_lp.float(), scored, num_turns, self.igpo.info_gain)
+        # Turn j < N-1 ends on its last generated token; the final turn carries the outcome instead.
+        tool_turn = torch.arange(T - 1)[None, :] < (num_turns[:, None] - 1)
+        ig_stats.update(ig_by_answer_seen(ig, ig_turn_mask & tool_turn, _answer_seen(extras, num_turns, T)[:, :-1]))
         penalty, answer_penalty = turn_format_penalty(format_ok, num_turns, self.igpo.info_gain)
         if not gate_open:
             ig_turn_mask = torch.zeros_like(ig_turn_mask)
             penalty = torch.zeros_like(penalty)
             answer_penalty = torch.zeros_like(answer_penalty)
 
-        # Turn j < N-1 ends on its last generated token; the final turn carries the outcome instead.
-        tool_turn = torch.arange(T - 1)[None, :] < (num_turns[:, None] - 1)
         # The reference replaces the outcome by the answer-format penalty when the final answer is malformed.
         outcome = torch.where(answer_penalty != 0, answer_penalty, outcome)
         bounds = turn_boundaries(ig, ig_turn_mask & tool_turn, torch.where(tool_turn, penalty[:, :-1], 0.0),
@@ -226,11 +269,7 @@ class IGPOTrainerSync(PPOTrainerSync):
         metrics["igpo/outcome_score_ema"] = float(self.warmup.ema if self.warmup.ema is not None else 0.0)
         if self.igpo.curriculum.enabled:
             metrics["curriculum/f1_weight"], metrics["curriculum/ig_weight"] = w_outcome, w_ig
-        metrics["timing_s/igpo_advantage"] = time.perf_counter() - started
-
-        output = TensorDict({"advantages": response_to_nested(advantages.float(), nested_mask),
-                             "returns": response_to_nested(returns.float(), nested_mask)}, batch_size=len(batch))
-        return tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=output)
+        return advantages, returns
 
     def _compute_metrics(self, batch, metrics, timing_raw, global_steps, epoch):
         super()._compute_metrics(batch, metrics, timing_raw, global_steps, epoch)

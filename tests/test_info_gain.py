@@ -235,3 +235,18 @@ def test_chain_with_nan_logprobs_matches_reference():
     assert torch.equal(ref_ig_mask, dense_ig_mask) and ref_ig_mask.any()
     ref = reference_advantage(ref_rewards, outcome_mask, ref_ig_mask, m, group)
     assert (adv.double() - ref).abs().max() <= 1e-5
+
+
+def test_ig_by_answer_seen_splits_applied_turns_and_never_reports_an_empty_mean_as_zero():
+    from igpo.core.info_gain import ig_by_answer_seen
+
+    ig = torch.tensor([[1.5, 0.0], [-0.5, 0.25]])
+    mask = torch.tensor([[True, False], [True, True]])
+    seen = torch.tensor([[True, True], [False, False]])
+    out = ig_by_answer_seen(ig, mask, seen)
+    assert out["ig_count_answer_seen"] == 1.0 and out["ig_mean_answer_seen"] == 1.5
+    assert out["ig_count_answer_unseen"] == 2.0 and out["ig_mean_answer_unseen"] == pytest.approx(-0.125)
+    empty = ig_by_answer_seen(ig, mask, torch.zeros_like(seen))
+    assert empty["ig_count_answer_seen"] == 0.0 and math.isnan(empty["ig_mean_answer_seen"])
+    with pytest.raises(ValueError, match="answer_seen must be bool"):
+        ig_by_answer_seen(ig, mask, seen.float())

@@ -54,3 +54,14 @@ def test_bad_aliases_raise():
         exact_match("paris", [])
     with pytest.raises(ValueError):
         score_answer("paris", [])
+
+
+def test_contains_answer_matches_whole_normalised_words():
+    from igpo.core.outcome import contains_answer
+
+    assert contains_answer("The capital is Paris, France.", ["paris"])
+    assert contains_answer("written by Jean-Paul Sartre in 1943", ["Jean-Paul Sartre", "Sartre"])
+    assert not contains_answer("a Parisian cafe", ["Paris"])
+    assert not contains_answer("the end", ["the"])  # normalises to nothing: never seen
+    with pytest.raises(TypeError):
+        contains_answer("Paris", "Paris")

@@ -243,3 +243,22 @@ def turn_boundaries(ig: Tensor, ig_mask: Tensor, penalty: Tensor, turn_ends: Ten
         is_i=np.concatenate([is_i[keep], np.zeros(rows_f.size, bool)]),
         penalty=np.concatenate([pen[keep], outcome_pen[rows_f]]),
         response_mask=response_mask)
+
+
+def ig_by_answer_seen(ig: Tensor, ig_mask: Tensor, answer_seen: Tensor) -> dict[str, float]:
+    """Does information gain track information? Mean IG of the turns whose observation contained a gold alias vs those
+    whose observation did not.
+
+    Args: ig, ig_mask [B, S-1] from ``turn_information_gain``; answer_seen [B, S-1] bool, turn j's observation
+    contains an alias (``igpo.core.outcome.contains_answer``). Returns ig_mean_answer_seen / _unseen (NaN when no
+    such turn carries IG: an empty mean is not a zero) and ig_count_answer_seen / _unseen.
+    """
+    if answer_seen.shape != ig.shape or answer_seen.dtype != torch.bool:
+        raise ValueError(f"answer_seen must be bool {tuple(ig.shape)} like ig; got {answer_seen.dtype} "
+                         f"{tuple(answer_seen.shape)}.")
+    out = {}
+    for name, rows in (("seen", ig_mask & answer_seen), ("unseen", ig_mask & ~answer_seen)):
+        count = int(rows.sum())
+        out[f"ig_mean_answer_{name}"] = float(ig[rows].double().mean()) if count else float("nan")
+        out[f"ig_count_answer_{name}"] = float(count)
+    return out

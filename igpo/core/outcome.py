@@ -32,6 +32,17 @@ def normalize_answer(text: str) -> str:
     return " ".join(text.split())
 
 
+def contains_answer(text: str, aliases: list[str]) -> bool:
+    """Does ``text`` contain one of the gold aliases as whole normalised words? (the IG diagnostics' "answer seen")
+
+    norm(a) must occur in norm(text) between word boundaries: "paris" is seen in "... in Paris, France" but not in
+    "Parisian". Aliases that normalise to nothing (e.g. "the") are never seen.
+    """
+    _check_aliases(aliases)
+    haystack = f" {normalize_answer(text)} "
+    return any(needle and f" {needle} " in haystack for needle in map(normalize_answer, aliases))
+
+
 def _check_aliases(aliases: list[str]) -> None:
     if isinstance(aliases, str):
         raise TypeError(
