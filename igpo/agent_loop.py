@@ -47,7 +47,8 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutp
 
 from igpo import protocol
 from igpo.agent_config import AgentLoopConfig, RolloutScoringConfig
-from igpo.core.ground_truth import Probe, answer_probes
+from igpo.core.ground_truth import Probe, answer_probes, parse_ground_truth
+from igpo.core.outcome import contains_answer
 from igpo.core.info_gain import InfoGainConfig, scored_boundaries
 from igpo.core.turn_format import check_answer_turn, check_tool_turn
 
@@ -58,7 +59,7 @@ EXTRA_FIELD_KEYS = (
     "igpo_turn_ends", "igpo_boundaries", "igpo_tool_names", "igpo_tool_status", "igpo_turn_format_ok",
     "igpo_num_turns", "igpo_infra_errors", "igpo_forced_final", "igpo_cutoff", "igpo_truncated", "igpo_retries",
     "igpo_final_turn_text", "igpo_final_answer", "igpo_answer_logprobs", "igpo_stop_reason", "igpo_eos_appended",
-    "igpo_scoring_errors", "igpo_context_overflow", "igpo_error", "igpo_question", "min_global_steps",
+    "igpo_scoring_errors", "igpo_context_overflow", "igpo_answer_seen", "igpo_error", "igpo_question", "min_global_steps",
     "max_global_steps", "turn_scores", "tool_rewards",
 )
 """Keys present in EVERY output's ``extra_fields`` (verl concatenates them across samples)."""
@@ -301,6 +302,7 @@ class _Trajectory:
     error: str | None = None
     scoring_tasks: dict[int, asyncio.Task] = field(default_factory=dict)
     answer_logprobs: list[list[float] | None] = field(default_factory=list)
+    answer_seen: list[bool] = field(default_factory=list)
     scoring_errors: int = 0
     context_overflow: bool = False
     server_fields: dict[str, Any] = field(default_factory=dict)
@@ -397,6 +399,7 @@ class IGPOAgentLoop(AgentLoopBase):
         if not messages or messages[0].get("role") != "system":
             messages.insert(0, {"role": "system", "content": self._system_prompt})
         probes = self._probes(kwargs) if self.settings.info_gain is not None else None
+        aliases = _aliases(kwargs)
         max_turns = self._draw_max_turns()
 
         prompt_ids = self._render_prompt(messages)
@@ -483,8 +486,13 @@ class IGPOAgentLoop(AgentLoopBase):
                 if after_turn + len(obs) + 2 > limit:
                     traj.truncated, traj.stop_reason = True, "context"
                     break
+            else:
+                budget = cfg.max_observation_tokens
             traj.append(obs, False)
             traj.observations += 1
+            if aliases:  # diagnostics: did the observation the policy saw hold the answer? (IG should follow it)
+                shown = content if len(content_ids) <= budget else self.tokenizer.decode(content_ids[:budget])
+                traj.answer_seen.append(contains_answer(shown, aliases))
 
         await self._collect_scores(traj)
 
@@ -695,6 +703,8 @@ class IGPOAgentLoop(AgentLoopBase):
             "igpo_eos_appended": traj.eos_appended,
             "igpo_scoring_errors": traj.scoring_errors,
             "igpo_context_overflow": traj.context_overflow,
+            # Per tool turn whose observation was appended; empty when the sample has no usable ground truth.
+            "igpo_answer_seen": list(traj.answer_seen),
             "igpo_error": traj.error,
             # The judge needs the question; the reward function receives only the response and the ground truth.
             "igpo_question": next((str(m.get("content", "")) for m in reversed(list(kwargs.get("raw_prompt") or []))
@@ -726,6 +736,14 @@ _STATUS_OF_ERROR_KIND = {
     "infra": "infra_error",
     "budget": "infra_error",
 }
+
+
+def _aliases(kwargs: dict[str, Any]) -> list[str]:
+    """The sample's gold aliases for the answer-seen diagnostics; [] (not an error) when it has none."""
+    try:
+        return parse_ground_truth((kwargs.get("reward_model") or {})["ground_truth"])
+    except (KeyError, TypeError, ValueError):
+        return []
 
 
 def _first(row: Any) -> float:

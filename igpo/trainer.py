@@ -80,14 +80,17 @@ def _turn_tensors(extras: list[dict], length: int, alias_mode: str):
     return torch.tensor(num_turns), turn_ends, format_ok, tool_names, boundary_lp
 
 
-def _answer_seen(extras: list[dict], num_turns: torch.Tensor, width: int) -> torch.Tensor:
-    """[B, width] bool: the observation after turn j contained a gold alias (the agent loop's ``igpo_answer_seen``)."""
+def _answer_seen(extras: list[dict], num_turns: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(seen, known), [B, width] bool: the observation after turn j contained a gold alias (the agent loop's
+    ``igpo_answer_seen``), and whether that is known (a sample without usable ground truth records nothing)."""
     seen = torch.zeros(len(extras), width, dtype=torch.bool)
+    known = torch.zeros(len(extras), width, dtype=torch.bool)
     for i, e in enumerate(extras):
         flags = [bool(v) for v in list(e.get("igpo_answer_seen") or [])[:int(num_turns[i])]]
         if flags:
             seen[i, :len(flags)] = torch.tensor(flags)
-    return seen
+            known[i, :len(flags)] = True
+    return seen, known
 
 
 @register_trainer("igpo_sync")
@@ -244,7 +247,8 @@ class IGPOTrainerSync(PPOTrainerSync):
         ig, ig_turn_mask, ig_stats = turn_information_gain(boundary_lp.float(), scored, num_turns, self.igpo.info_gain)
         # Turn j < N-1 ends on its last generated token; the final turn carries the outcome instead.
         tool_turn = torch.arange(T - 1)[None, :] < (num_turns[:, None] - 1)
-        ig_stats.update(ig_by_answer_seen(ig, ig_turn_mask & tool_turn, _answer_seen(extras, num_turns, T)[:, :-1]))
+        seen, known = _answer_seen(extras, num_turns, T)
+        ig_stats.update(ig_by_answer_seen(ig, ig_turn_mask & tool_turn & known[:, :-1], seen[:, :-1]))
         penalty, answer_penalty = turn_format_penalty(format_ok, num_turns, self.igpo.info_gain)
         if not gate_open:
             ig_turn_mask = torch.zeros_like(ig_turn_mask)

@@ -558,3 +558,15 @@ def test_rollout_metrics_report_scoring_errors_and_context_overflows():
     assert metrics["igpo/scoring_errors"] == 3.0 and metrics["igpo/context_overflow_ratio"] == 0.25
     assert metrics["igpo/infra_errors"] == 1.0 and metrics["igpo/truncated_ratio"] == 0.5
     assert {"igpo/turns_mean", "igpo/forced_final_ratio", "igpo/cutoff_ratio"} <= set(metrics)
+
+
+async def test_answer_seen_records_whether_the_shown_observation_held_a_gold_alias(tiny_tokenizer):
+    pages = {"search": "Ada Lovelace wrote the notes. " + "filler text " * 400, "visit": "nothing relevant here"}
+    tools = FakeTools(lambda name, args: Result(True, pages[name]))
+    out, *_ = await rollout(tiny_tokenizer, scripted(search("q"), visit("http://x"), ANSWER), tools=tools)
+    assert out.extra_fields["igpo_answer_seen"] == [True, False]
+    # The alias lies beyond what a 32-token observation budget shows: the policy never saw it.
+    tools = FakeTools(lambda name, args: Result(True, "filler text " * 200 + "Ada Lovelace"))
+    out, *_ = await rollout(tiny_tokenizer, scripted(search("q"), ANSWER), tools=tools,
+                            agent={"max_observation_tokens": 32})
+    assert out.extra_fields["igpo_answer_seen"] == [False]
