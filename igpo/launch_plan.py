@@ -83,7 +83,11 @@ class Plan:
 
     def describe(self) -> list[str]:
         """The plan in a few readable lines (printed at start-up and by the dry run)."""
-        dp = self.gpus // max(1, self.sp) if self.gpus else 0
+        if not self.gpus:
+            return [f"igpo: plan: CPU backend (FSDP2 on gloo, rollout {self.rollout}); {self.context_tokens} tokens per "
+                    f"trajectory; batch {self.batch}; advantage estimator {self.estimator}; answer scoring on the "
+                    f"{self.score_on}"] + [f"igpo: note: {note}" for note in self.notes]
+        dp = self.gpus // max(1, self.sp)
         lines = [
             f"igpo: plan: {self.nodes} node(s) x {self.gpus // max(1, self.nodes)} GPU(s); rollout {self.rollout} "
             f"with tensor parallel {self.tp}; actor/ref FSDP2, Ulysses sequence parallel {self.sp} (data parallel "
