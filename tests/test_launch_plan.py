@@ -137,3 +137,20 @@ def test_gpus_asked_for_without_gpus_need_the_dry_run(qwen3_4b):
     proc = subprocess.run(["bash", "train_igpo.sh"], cwd=REPO, env=env, text=True, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, timeout=60)
     assert proc.returncode == 2 and "add --dry-run" in proc.stdout, proc.stdout[-2000:]
+
+
+def test_gpus_are_counted_from_cuda_visible_devices_not_every_gpu_of_the_machine(qwen3_4b, tmp_path):
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    smi = fake_bin / "nvidia-smi"  # a machine with 4 GPUs, as nvidia-smi lists them whatever CUDA_VISIBLE_DEVICES says
+    smi.write_text("#!/bin/sh\nfor i in 0 1 2 3; do echo \"GPU $i: NVIDIA H200 (UUID: GPU-$i)\"; done\n")
+    smi.chmod(0o755)
+    env = {**os.environ, "PATH": f"{fake_bin}:{os.environ['PATH']}", "MODEL_PATH": str(qwen3_4b),
+           "CUDA_VISIBLE_DEVICES": "1,3"}
+    env.pop("IGPO_GPUS", None)
+    env.pop("IGPO_DEVICE", None)
+    proc = subprocess.run(["bash", "train_igpo.sh", "--dry-run"], cwd=REPO, env=env, text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert "igpo: 2 GPU(s) per node: preset node8" in proc.stdout
+    assert proc.stdout.strip().splitlines()[-1].startswith("igpo: dry run ok: gpus=2 nodes=1 rollout=vllm tp=2")
