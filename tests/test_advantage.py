@@ -153,6 +153,30 @@ def test_masks_from_token_rewards():
     assert I.nonzero().tolist() == [[0, 1], [1, 0]]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("length", [1, 63, 64, 200])
+def test_masks_from_token_rewards_edge_values(dtype, length):
+    """Both implementations against the definition: NaN counts as a reward (the finiteness check must see it), -0.0
+    does not, rewards outside the response mask or after its last token are ignored, rows without tokens get none."""
+    gen = torch.Generator().manual_seed(length)
+    B = 6
+    r = torch.randn(B, length, generator=gen, dtype=dtype) * (torch.rand(B, length, generator=gen) < 0.3)
+    m = torch.rand(B, length, generator=gen) < 0.7
+    m[0] = False
+    m[1, length // 2:] = False
+    r[2, 0] = -0.0
+    r[3, length - 1] = float("nan")
+    last = (length - 1) - m.flip(1).to(torch.uint8).argmax(1)
+    expected_f = torch.zeros_like(m)
+    for i in range(B):
+        if m[i].any():
+            expected_f[i, last[i]] = True
+    expected_i = m & ~expected_f & (r != 0)
+    F, I = masks_from_token_rewards(r, m)
+    assert torch.equal(F, expected_f) and torch.equal(I, expected_i)
+    assert not I[2, 0]
+
+
 def test_metrics_present_and_consistent():
     batch = random_batch(4, 4, 64, 6, seed=10)
     rewards, F, I, m, group, _ = batch
@@ -369,6 +393,18 @@ def test_cpu_float_inputs_take_the_kernels(token_passes, monkeypatch):
     rewards, F, I, m, group, pen = random_batch(2, 2, 64, 4, seed=27, penalty_frac=0.3)
     compute_igpo_advantage(rewards, F, I, m, group, AdvantageConfig(), penalty=pen)
     assert calls == ["_find_kernel", "_spread_kernel"]
+
+
+def test_masks_from_token_rewards_takes_the_kernel(token_passes, monkeypatch):
+    """Stock verl's estimator call finds its masks in the numba kernel on CPU float32 (torch ops are ~5x slower)."""
+    if token_passes != "kernels":
+        pytest.skip("checks the kernel dispatch")
+    calls = []
+    kernel = igpo.core.token_passes._reward_masks_kernel
+    monkeypatch.setattr(igpo.core.token_passes, "_reward_masks_kernel", lambda *args: calls.append(1) or kernel(*args))
+    rewards, _, _, m, _, _ = random_batch(2, 2, 64, 4, seed=28)
+    masks_from_token_rewards(rewards, m)
+    assert calls == [1]
 
 
 def test_positions_built_for_another_layout_are_refused():

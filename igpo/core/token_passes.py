@@ -1,8 +1,10 @@
-"""The two [B, L] passes of the IGPO advantage: find the reward positions, and spread turn advantages over tokens.
+"""The [B, L] passes of the IGPO advantage: find the reward positions, and spread turn advantages over tokens.
 
-Everything else in ``igpo.core.advantage`` works on the few boundaries per trajectory; these two passes touch every
+Everything else in ``igpo.core.advantage`` works on the few boundaries per trajectory; these passes touch every
 token, so they set the estimator's cost at long horizons (B = 256, L = 32768 is 8.4 M tokens per step).
 
+    token_reward_masks: outcome / IG masks from token rewards by the reference convention (stock verl's call, which
+                      has no masks to give): outcome at the last response token, IG at the other non-zero ones.
     find_boundaries:  the positions of outcome_mask | ig_mask | (penalty != 0), row-major, with what lies there
                       (reward, kind, response mask, penalty) and K_i, the number of them in row i.
     spread:           out[i, t] = A_(i,s) · response_mask[i, t], s = the first boundary of row i at or after t (0 after
@@ -90,6 +92,25 @@ def _use_kernels(*tensors: Tensor | None) -> bool:
     """The numba kernels take CPU tensors whose floating-point ones are float32 or float64."""
     return all(t is None or (t.device.type == "cpu" and (not torch.is_floating_point(t) or t.dtype in _KERNEL_DTYPES))
                for t in tensors)
+
+
+def token_reward_masks(rewards: Tensor, response_mask: Tensor) -> tuple[Tensor, Tensor]:
+    """Outcome and IG masks by the reference convention from token rewards alone (stock verl's estimator call): the
+    outcome at each row's last response token, IG at the other response tokens whose reward is != 0 (NaN counts as
+    set, for the caller's finiteness check; -0.0 does not). Inputs are contiguous [B, L], response_mask bool."""
+    B, L = rewards.shape
+    if rewards.dtype not in _KERNEL_DTYPES or not _use_kernels(rewards, response_mask):
+        m = response_mask
+        last = (L - 1) - m.flip(1).to(torch.uint8).argmax(dim=1)
+        outcome = torch.zeros_like(m)
+        rows = torch.nonzero(m.any(dim=1), as_tuple=True)[0]
+        outcome[rows, last[rows]] = True
+        return outcome, m & ~outcome & (rewards != 0)
+    outcome, ig = np.zeros((B, L), np.bool_), np.zeros((B, L), np.bool_)
+    nonzero_bits = _NONZERO_BITS[rewards.dtype]
+    _reward_masks_kernel(rewards.numpy().view(nonzero_bits.dtype), nonzero_bits,
+                         response_mask.view(torch.uint8).numpy(), outcome.view(np.uint8), ig.view(np.uint8))
+    return torch.from_numpy(outcome), torch.from_numpy(ig)
 
 
 def find_boundaries(rewards: Tensor, outcome_mask: Tensor, ig_mask: Tensor, response_mask: Tensor,
@@ -226,6 +247,39 @@ def _find_kernel(f, i, bits, nonzero_bits, has_penalty, L):
                     n += (x >> (8 * j)) & 1
         K[b] = n - first
     return flat[:n], K
+
+
+@numba.njit(cache=True, nogil=True)
+def _reward_masks_kernel(bits, nonzero_bits, mask, outcome, ig):
+    """Per row: the last response token from a backward scan of the mask in 64-token chunks (so only the padding
+    after it is read), then one branch-free pass over the tokens before it that LLVM vectorizes; nothing after the
+    last response token is read or written (the mask is 0 there, the outputs stay 0). Writing every IG byte before
+    it beats skipping reward-free chunks (1.5 vs 2.3 ms at B=256, L=32768): the skip test's branches cost more than
+    the bytes."""
+    B, L = mask.shape
+    C = 64
+    for b in range(B):
+        m = mask[b]
+        last = -1
+        end = L
+        while end > 0 and last < 0:
+            start = max(0, end - C)
+            mv = m[start:end]
+            x = 0
+            for t in range(mv.shape[0]):
+                x |= mv[t]
+            if x:
+                for t in range(mv.shape[0] - 1, -1, -1):
+                    if mv[t]:
+                        last = start + t
+                        break
+            end = start
+        if last < 0:
+            continue
+        rv, mv, gv = bits[b, :last], m[:last], ig[b, :last]
+        for t in range(rv.shape[0]):
+            gv[t] = ((rv[t] & nonzero_bits) != 0) & (mv[t] != 0)
+        outcome[b, last] = 1
 
 
 @numba.njit(cache=True, nogil=True)
