@@ -15,7 +15,13 @@ from verl.workers.rollout.replica import TokenOutput
 
 from igpo import protocol
 from igpo.agent_config import AgentLoopConfig
-from igpo.agent_loop import EXTRA_FIELD_KEYS, AgentTemplateError, IGPOAgentLoop, RolloutScoringUnavailable
+from igpo.agent_loop import (
+    EXTRA_FIELD_KEYS,
+    AgentTemplateError,
+    IGPOAgentLoop,
+    PrefixPlusProbe,
+    RolloutScoringUnavailable,
+)
 from igpo.core.ground_truth import AnswerTemplate, build_probe
 
 QUESTION = [{"role": "user", "content": "Who wrote the book?"}]
@@ -356,6 +362,58 @@ async def test_rollout_scoring_requests_and_values(tiny_tokenizer):
             expected.append(sum(-probe.token_ids[k] / 1000 for k in range(g0, g1)) / (g1 - g0))
         assert lps[s] == pytest.approx(expected)
     assert ex["igpo_scoring_errors"] == 0
+
+
+def test_scoring_prompt_is_a_view_of_the_prefix_and_the_probe():
+    import pickle
+
+    context = [5, 6, 7, 8]
+    view = PrefixPlusProbe(context, 3, [1, 2])
+    context.extend([9, 10])  # the trajectory grows after scoring was scheduled: the view must not see it
+    assert len(view) == 5 and list(view) == [5, 6, 7, 1, 2] and view.tolist() == [5, 6, 7, 1, 2]
+    assert view[0] == 5 and view[3] == 1 and view[-1] == 2 and view[1:4] == [6, 7, 1]
+    assert view == [5, 6, 7, 1, 2] and view != [5, 6, 7, 8, 1]
+    sent = pickle.loads(pickle.dumps(view))  # what a Ray call to the server delivers
+    assert type(sent) is list and sent == [5, 6, 7, 1, 2]
+    with pytest.raises(IndexError, match="out of range"):
+        view[5]
+    with pytest.raises(ValueError, match="outside the context"):
+        PrefixPlusProbe(context, 7, [1])
+
+
+class LateScoring(FakeServer):
+    """Reads each scoring prompt only after the trajectory has moved on by a generation request, as a busy engine
+    would, and records what the loop handed over."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.handed: list[object] = []
+
+    async def generate(self, request_id, *, prompt_ids, sampling_params, **kwargs):
+        if sampling_params.get("prompt_logprobs") is not None:
+            self.handed.append(prompt_ids)
+            seen = len(self.requests)
+            while len(self.requests) == seen and len(self.requests) < 3:
+                await asyncio.sleep(0)
+        return await super().generate(request_id, prompt_ids=prompt_ids, sampling_params=sampling_params)
+
+
+async def test_rollout_scoring_sends_the_prefix_without_copying_it(tiny_tokenizer):
+    """No per-turn copy of the growing context: the request holds a view of the trajectory's own token list, and the
+    engine, reading it a turn later, still gets exactly context[:boundary] + probe."""
+    tok = tiny_tokenizer
+    out, server, _, _ = await rollout(tok, scripted(visit("http://x"), visit("http://y"), ANSWER),
+                                      server_cls=LateScoring, igpo={"score_on": "rollout"})
+    ex = out.extra_fields
+    full = out.prompt_ids + out.response_ids
+    assert server.handed and all(type(p) is PrefixPlusProbe for p in server.handed)
+    assert len({id(p._context) for p in server.handed}) == 1  # one shared buffer for every boundary
+    template = AnswerTemplate(suffix=AnswerTemplate.suffix + "<|im_end|>")
+    probes = [build_probe(tok, a, template) for a in ("Ada", "Ada Lovelace")]
+    assert len(server.scoring) == len(ex["igpo_boundaries"]) == 3  # one probe (the default alias) per boundary
+    for b in ex["igpo_boundaries"]:
+        assert any(full[:b] + probe.token_ids in server.scoring for probe in probes)
+    assert ex["igpo_scoring_errors"] == 0 and all(lp is not None for lp in ex["igpo_answer_logprobs"])
 
 
 async def test_template_without_generation_prompt_is_a_clear_error(tiny_model_dir):
