@@ -80,8 +80,9 @@ SCENARIOS = {
 
 
 def _rank_main(rank: int, port: int, out_dir: str) -> None:
-    import torch.distributed as dist
     import warnings
+
+    import torch.distributed as dist
 
     warnings.filterwarnings("ignore")  # FSDP1 on CPU warns about its device
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
