@@ -122,7 +122,16 @@ if [ -z "${TOOL_SERVER_URL:-}" ]; then
 fi
 export TOOL_SERVER_URL
 
-echo "igpo: training log $LOG; Ray dashboard at http://127.0.0.1:8265 while the job runs"
+# verl's TensorBoard logger writes where TENSORBOARD_DIR says (else relative to the Ray worker's directory).
+export TENSORBOARD_DIR="${TENSORBOARD_DIR:-$RUN_DIR/tensorboard}"
+echo "igpo: training log $LOG; TensorBoard: tensorboard --logdir $TENSORBOARD_DIR"
+# Ray 2.60 turns token authentication on for a new local cluster: the dashboard asks for the token Ray saved.
+if [ "${RAY_AUTH_MODE:-}" = "disabled" ]; then
+    echo "igpo: Ray dashboard at http://127.0.0.1:8265 while the job runs (token authentication disabled)"
+else
+    echo "igpo: Ray dashboard at http://127.0.0.1:8265 while the job runs; its token: cat ~/.ray/auth_token" \
+         "(RAY_AUTH_MODE=disabled turns token authentication off on a private cluster)"
+fi
 # The trainer runs in the foreground (Ctrl-C reaches it and Ray shuts down); the full log goes to $LOG and one line
 # per training step (plus configuration errors) to the terminal.
 set +e

@@ -62,6 +62,8 @@ def test_train_igpo_sh_runs_two_steps_with_information_gain(tmp_path):
     assert errors == [0.0, 0.0], errors
     shares = [float(v) for v in re.findall(r"igpo/scoring_step_share:([0-9.eE+-]+)", log)]
     assert len(shares) == 2 and all(0 < v < 1 for v in shares), shares
+    events = list((tmp_path / "run" / "tensorboard").rglob("events.out.tfevents.*"))
+    assert events, "no TensorBoard events were written"
     assert _ray_processes() <= before, "Ray processes outlived the run"
 
 
