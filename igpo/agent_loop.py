@@ -40,8 +40,8 @@ import os
 import random
 import time
 import weakref
-from dataclasses import dataclass, field
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 from uuid import uuid4
 
