@@ -1,4 +1,4 @@
-"""``python -m tool_server --backend local|web …``: start the tool service.
+"""``python -m tool_server --backend local|web|retriever …``: start the tool service.
 
 Once it accepts connections it prints exactly one line on stdout, ``tool_server listening on http://HOST:PORT``
 (with ``--port 0`` the OS picks the port; launchers parse this line). Logs go to stderr, secrets masked.
@@ -24,14 +24,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     d = ServerConfig()
     p = argparse.ArgumentParser(prog="python -m tool_server", description=__doc__,
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--backend", choices=["local", "web"], required=True)
+    p.add_argument("--backend", choices=["local", "web", "retriever"], required=True)
     p.add_argument("--corpus", type=Path, help="JSONL corpus for --backend local ({'id','contents'} per line)")
+    p.add_argument("--retriever-url", default=None,
+                   help="--backend retriever: the retrieval server, base or endpoint URL (default: $RETRIEVER_URL); "
+                        "e.g. http://127.0.0.1:8000 (Search-R1) or http://127.0.0.1:8000/batch_search (FlashRAG)")
+    p.add_argument("--retriever-dialect", choices=["auto", "search_r1", "flashrag"], default=d.retriever_dialect,
+                   help="auto: flashrag when the URL ends in /batch_search, else search_r1 (POST /retrieve)")
+    p.add_argument("--retriever-concurrency", type=int, default=d.retriever.concurrency)
+    p.add_argument("--retriever-rate", type=float, default=d.retriever.rate_per_s,
+                   help="retriever requests per second")
+    p.add_argument("--retriever-timeout-s", type=float, default=d.retriever.attempt_timeout_s,
+                   help="timeout of one retriever request (retried within --search-deadline-s)")
     p.add_argument("--host", default=d.host)
     p.add_argument("--port", type=int, default=d.port, help="0 picks a free port")
     p.add_argument("--cache", dest="cache_path", default=None,
                    help="SQLite cache file shared by all workers of a job (default: in-memory, lost at exit)")
     p.add_argument("--cache-ttl-s", type=float, default=None, help="refetch cached answers older than this")
-    p.add_argument("--budget-search", type=int, default=None, help="max Serper calls this run (default: no cap)")
+    p.add_argument("--budget-search", type=int, default=None,
+                   help="max Serper (or retriever) calls this run (default: no cap)")
     p.add_argument("--budget-visit", type=int, default=None, help="max Jina Reader calls this run")
     p.add_argument("--budget-summary", type=int, default=None, help="max summariser LLM calls this run")
     p.add_argument("--search-concurrency", type=int, default=d.serper.concurrency)
@@ -71,6 +82,11 @@ def build_config(args: argparse.Namespace, env: dict[str, str]) -> ServerConfig:
                      max_attempts=args.max_attempts, budget=args.budget_visit),
         summarizer=replace(d.summarizer, concurrency=args.summary_concurrency, rate_per_s=args.summary_rate,
                            max_attempts=args.max_attempts, budget=args.budget_summary),
+        retriever_url=args.retriever_url or env.get("RETRIEVER_URL") or None,
+        retriever_dialect=args.retriever_dialect,
+        retriever=replace(d.retriever, concurrency=args.retriever_concurrency, rate_per_s=args.retriever_rate,
+                          attempt_timeout_s=args.retriever_timeout_s, max_attempts=args.max_attempts,
+                          budget=args.budget_search),
     )
 
 

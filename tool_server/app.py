@@ -63,18 +63,24 @@ class FlashBatchRequest(BaseModel):
 def build_service(config: ServerConfig, secrets: Secrets | None = None) -> ToolService:
     """Validate the config, load the backend (the local index is built here) and wire cache and stats."""
     config.validate()
+    cache = ResponseCache(config.cache_path, ttl_s=config.cache_ttl_s)
     if config.backend == "web":
         if secrets is None:
             raise ValueError("build_service(backend='web') needs Secrets; build them with Secrets.from_env")
         from .backends.web import WebBackend  # imported lazily: the local backend needs no HTTP client
         stats = Stats(WebBackend.upstream_names)
         backend: Backend = WebBackend(config, secrets, stats)
+    elif config.backend == "retriever":
+        from .backends.retriever import RetrieverBackend
+
+        stats = Stats(RetrieverBackend.upstream_names)
+        # the passages a search returns live in the response cache, so a cached search and its visits agree
+        backend = RetrieverBackend(config, stats, passages=cache)
     else:
         stats = Stats([])
         backend = LocalBackend(config.corpus)
     redactor = Redactor(secrets.values() if secrets else [])
-    return ToolService(config, backend, ResponseCache(config.cache_path, ttl_s=config.cache_ttl_s), stats,
-                       redact=redactor)
+    return ToolService(config, backend, cache, stats, redact=redactor)
 
 
 def create_app(service: ToolService) -> FastAPI:
@@ -188,9 +194,14 @@ def create_app(service: ToolService) -> FastAPI:
 
 
 def _document(backend: Backend, hit: dict) -> dict:
-    """Corpus documents exactly as stored; web hits in the same {"id", "contents"} shape (title on line one)."""
+    """Corpus documents exactly as stored (local) or as the upstream retriever sent them; web hits in the same
+    {"id", "contents"} shape (title on line one)."""
     if isinstance(backend, LocalBackend):
         return backend.document(hit["doc_id"])
+    if hit.get("doc_id") is not None and hasattr(backend, "document"):
+        document = backend.document(hit["doc_id"])
+        if document is not None:
+            return document
     return {"id": hit["url"], "contents": f"\"{hit['title']}\"\n{hit['snippet']}"}
 
 

@@ -94,7 +94,11 @@ class Secrets:
 class ServerConfig:
     """Everything the server needs; built by ``__main__`` (or tests) and validated by ``validate()``.
 
-    backend: "local" (BM25 over ``corpus``; free, offline) or "web" (Serper + Jina Reader + summariser).
+    backend: "local" (BM25 over ``corpus``; free, offline), "web" (Serper + Jina Reader + summariser) or "retriever"
+        (search forwarded to a Search-R1 ``/retrieve`` or FlashRAG ``/batch_search`` server at ``retriever_url``).
+    retriever_url, retriever_dialect: the retrieval server (base URL or endpoint URL) and its dialect, "search_r1",
+        "flashrag" or "auto" (implied by an endpoint path, else search_r1). The URL's own origin may be loopback or
+        private (retrievers run beside the trainer); a redirect elsewhere is checked like any other URL.
     cache_path: SQLite file shared by every worker of a job (WAL mode); None = in-memory, lost at exit.
     cache_ttl_s: cached answers older than this are refetched; None = never expire.
     search_deadline_s / visit_deadline_s: hard wall-clock limit per query / per URL, retries included. Keep them
@@ -107,8 +111,10 @@ class ServerConfig:
         to other hosts.
     """
 
-    backend: Literal["local", "web"] = "local"
+    backend: Literal["local", "web", "retriever"] = "local"
     corpus: Path | None = None
+    retriever_url: str | None = None
+    retriever_dialect: Literal["auto", "search_r1", "flashrag"] = "auto"
     host: str = "127.0.0.1"
     port: int = 8765
     cache_path: str | None = None
@@ -135,10 +141,16 @@ class ServerConfig:
     jina: UpstreamLimits = field(default_factory=lambda: UpstreamLimits(concurrency=8, attempt_timeout_s=25.0))
     summarizer: UpstreamLimits = field(default_factory=lambda: UpstreamLimits(concurrency=8,
                                                                               attempt_timeout_s=40.0))
+    # a local retriever answers in milliseconds (BM25, e5 on GPU) to ~3 s (flat e5 on CPU, landscape.md §4.5):
+    # more concurrency and rate than Serper, the same 10 s attempt timeout
+    retriever: UpstreamLimits = field(default_factory=lambda: UpstreamLimits(concurrency=32, rate_per_s=1000.0,
+                                                                             burst=64, attempt_timeout_s=10.0))
 
     def validate(self) -> None:
-        _require(self.backend in ("local", "web"), f"backend={self.backend!r}", "one of 'local', 'web'",
-                 "pass --backend local or --backend web")
+        _require(self.backend in ("local", "web", "retriever"), f"backend={self.backend!r}",
+                 "one of 'local', 'web', 'retriever'", "pass --backend local, web or retriever")
+        if self.backend == "retriever":
+            self._validate_retriever()
         if self.backend == "local":
             _require(self.corpus is not None, "corpus=None", "set for --backend local",
                      "pass --corpus data/wiki_passages_1000.jsonl")
@@ -165,6 +177,22 @@ class ServerConfig:
         self.serper.validate("serper")
         self.jina.validate("jina")
         self.summarizer.validate("summarizer")
+        self.retriever.validate("retriever")
+
+    def _validate_retriever(self) -> None:
+        from .backends.retriever import split_retriever_url
+
+        _require(bool(self.retriever_url), "retriever_url=None", "set for --backend retriever",
+                 "pass --retriever-url http://HOST:PORT (a Search-R1 /retrieve or FlashRAG /batch_search server) or "
+                 "set RETRIEVER_URL in .env")
+        parts = urlsplit(self.retriever_url)
+        _require(parts.scheme in ("http", "https") and bool(parts.hostname), f"retriever_url={self.retriever_url!r}",
+                 "an absolute http(s) URL", "e.g. http://127.0.0.1:8000 or http://127.0.0.1:8000/retrieve")
+        try:
+            split_retriever_url(self.retriever_url, self.retriever_dialect)
+        except ValueError as exc:
+            raise ConfigError(f"retriever_url={self.retriever_url!r}, retriever_dialect={self.retriever_dialect!r}: "
+                              f"{exc}") from None
 
     @property
     def max_page_chars(self) -> int:

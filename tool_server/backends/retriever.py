@@ -1,0 +1,187 @@
+"""Retriever backend: ``search`` forwarded to an existing retrieval server, ``visit`` served from the passages it
+returned.
+
+Two dialects (see /work/shared/research/landscape.md §4.2-4.3):
+- ``search_r1``: ``POST <url>/retrieve`` ``{"queries": [q], "topk": k, "return_scores": true}`` ->
+  ``{"result": [[{"document": {"id", "contents", ...}, "score": float}, ...]]}`` (Search-R1's retrieval_server.py,
+  verl's SearchTool, our own ``/retrieve``);
+- ``flashrag``: ``POST <url>/batch_search`` ``{"query": [q], "top_n": k, "return_score": true}`` ->
+  ``[[[doc, ...]], [[score, ...]]]`` (FlashRAG / ReCall ``retriever_serving.py``).
+
+Every request goes through ``Upstream`` (concurrency limit, token bucket, retries with back-off on 429/5xx/timeouts/
+resets, per-item deadline, bounded body), and the service adds the cache, in-flight de-duplication and stats. A reply
+that does not have the dialect's shape is an ``infra`` error naming what was wrong, never an empty result: only a
+well-formed empty list for the query is ``no_results``.
+
+Retrieval servers have no "get document by id" call, so every passage a search returns is written to the response
+cache under its ``corpus://<id>`` URL; ``visit`` reads it back. With ``--cache PATH`` the passages persist with the
+search results that named them, so a cached search never points at a passage the server cannot show.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+from ..cache import ResponseCache, cache_key
+from ..config import ServerConfig
+from ..errors import ToolError
+from ..safety import TargetGuard, origin_of
+from ..stats import Stats
+from ..upstream import Upstream, UpstreamResponse
+from .base import PageResult, SearchHit
+from .local import CORPUS_SCHEME, split_contents
+
+Dialect = Literal["search_r1", "flashrag"]
+DIALECT_PATHS: dict[str, str] = {"search_r1": "/retrieve", "flashrag": "/batch_search"}
+_SNIPPET_CHARS = 600  # as the local backend: a wiki-18 passage (~100 words) fits whole
+_CREDENTIAL_STATUSES = (401, 403)
+_NOT_FOUND_STATUSES = (404, 405)
+
+
+def split_retriever_url(url: str, dialect: str | None) -> tuple[str, Dialect]:
+    """(base URL, dialect) from ``--retriever-url`` and ``--retriever-dialect``.
+
+    The URL may be the server's base (``http://host:8000``) or its endpoint (``.../retrieve``, ``.../batch_search``);
+    an endpoint path implies the dialect. Raises ValueError when the two disagree.
+    """
+    base = url.rstrip("/")
+    implied = None
+    for name, path in DIALECT_PATHS.items():
+        if base.endswith(path):
+            implied, base = name, base[: -len(path)]
+    if dialect in (None, "auto"):
+        return base, implied or "search_r1"
+    if dialect not in DIALECT_PATHS:
+        raise ValueError(f"retriever dialect {dialect!r} is not one of {sorted(DIALECT_PATHS)}")
+    if implied is not None and implied != dialect:
+        raise ValueError(f"the retriever URL {url!r} ends in {DIALECT_PATHS[implied]} (the {implied} dialect) but the "
+                         f"dialect is {dialect!r}; drop the path or the dialect")
+    return base, dialect
+
+
+def passage_id(document: dict) -> str:
+    """The document's ``id``; Search-R1's BM25 server stores docs without one, so those get a content hash."""
+    doc_id = document.get("id", document.get("doc_id"))
+    if isinstance(doc_id, (str, int)) and not isinstance(doc_id, bool) and str(doc_id).strip():
+        return str(doc_id).strip()
+    return "sha256-" + hashlib.sha256(document["contents"].encode("utf-8")).hexdigest()[:20]
+
+
+def title_and_text(document: dict) -> tuple[str, str]:
+    """Explicit ``title``/``text`` fields when the server sends them, else FlashRAG's title-on-line-one convention."""
+    title, text = document.get("title"), document.get("text")
+    if isinstance(title, str) and isinstance(text, str):
+        return title.strip().strip('"'), text.strip()
+    return split_contents(document["contents"])
+
+
+class RetrieverBackend:
+    name = "retriever"
+    upstream_names = ["retriever"]
+    cacheable = True  # a dense retriever costs a GPU forward per query; our cache is cheaper
+
+    def __init__(self, config: ServerConfig, stats: Stats, passages: ResponseCache) -> None:
+        self.config = config
+        self.base_url, self.dialect = split_retriever_url(config.retriever_url or "", config.retriever_dialect)
+        self.endpoint = self.base_url + DIALECT_PATHS[self.dialect]
+        self._passages = passages
+        # The operator configured this URL, and retrieval servers normally run on the same machine or cluster, so its
+        # own origin is always allowed; a redirect elsewhere is still checked like any model-chosen URL.
+        guard = TargetGuard({origin_of(urlsplit(self.base_url))}, max_url_chars=config.max_url_chars + 64)
+        self.upstream = Upstream("retriever", config.retriever, guard=guard, stats=stats,
+                                 budget_flag="--budget-search")
+
+    def namespace(self, tool: str) -> str:
+        return f"retriever:{self.dialect}:{self.endpoint}:{tool}"
+
+    def _passage_key(self, doc_id: str) -> str:
+        return cache_key(f"retriever:passage:{self.endpoint}", {"id": doc_id})
+
+    def document(self, doc_id: str) -> dict | None:
+        """The passage exactly as the retrieval server sent it, if a search on this server (or its cache) saw it."""
+        stored = self._passages.get(self._passage_key(doc_id))
+        return stored["document"] if stored is not None else None
+
+    async def search_one(self, query: str, topk: int, deadline: float) -> list[SearchHit]:
+        if self.dialect == "search_r1":
+            body: dict[str, Any] = {"queries": [query], "topk": topk, "return_scores": True}
+        else:
+            body = {"query": [query], "top_n": topk, "return_score": True}
+        response = await self.upstream.request("POST", self.endpoint, deadline=deadline, json_body=body)
+        self._check_status(response)
+        pairs = self._parse(response.json())
+        hits = []
+        for document, score in pairs[:topk]:
+            doc_id = passage_id(document)
+            title, text = title_and_text(document)
+            self._passages.put(self._passage_key(doc_id), {"document": document})
+            hits.append(SearchHit(title=title, url=CORPUS_SCHEME + doc_id, snippet=text[:_SNIPPET_CHARS],
+                                  score=score, doc_id=doc_id))
+        return hits
+
+    def _check_status(self, response: UpstreamResponse) -> None:
+        status = response.status
+        if status < 400:
+            return
+        if status in _NOT_FOUND_STATUSES:
+            raise ToolError("infra", f"the retriever at {self.endpoint} answered HTTP {status}: it does not serve the "
+                                     f"{self.dialect} dialect there; check --retriever-url and --retriever-dialect",
+                            retryable=False)
+        if status in _CREDENTIAL_STATUSES:
+            raise ToolError("infra", f"the retriever at {self.endpoint} refused the request (HTTP {status}); it "
+                                     "expects credentials we do not send", retryable=False)
+        # 400/413/422: the server refused this query (too long, empty after its own cleaning); another may work
+        raise ToolError("bad_request", f"the retriever rejected the query (HTTP {status})")
+
+    def _parse(self, data: Any) -> list[tuple[dict, float | None]]:
+        """(document, score) pairs for our one query; raises an infra ToolError for any reply off the dialect."""
+        if self.dialect == "search_r1":
+            if not isinstance(data, dict) or not isinstance(data.get("result"), list):
+                raise _shape("a JSON object with a 'result' list", data)
+            per_query = data["result"]
+            if len(per_query) != 1 or not isinstance(per_query[0], list):
+                raise _shape("'result' holding one list for our one query", per_query)
+            pairs = []
+            for item in per_query[0]:
+                if isinstance(item, dict) and "document" in item:  # return_scores=true
+                    pairs.append((item["document"], item.get("score")))
+                else:  # a server that ignores return_scores sends bare documents
+                    pairs.append((item, None))
+        else:
+            if not (isinstance(data, list) and len(data) == 2 and all(isinstance(x, list) for x in data)):
+                raise _shape("[documents per query, scores per query] (return_score=true)", data)
+            docs, scores = data
+            if len(docs) != 1 or len(scores) != 1 or not isinstance(docs[0], list) \
+                    or not isinstance(scores[0], list) or len(docs[0]) != len(scores[0]):
+                raise _shape("one list of documents and one equally long list of scores for our one query", data)
+            pairs = list(zip(docs[0], scores[0]))
+        for document, score in pairs:
+            if not isinstance(document, dict) or not isinstance(document.get("contents"), str):
+                raise _shape("documents as objects with a string 'contents'", document)
+            if score is not None and (not isinstance(score, (int, float)) or isinstance(score, bool)
+                                      or not math.isfinite(score)):
+                raise _shape("finite numeric scores", score)
+        return [(d, None if s is None else round(float(s), 6)) for d, s in pairs]
+
+    async def visit_one(self, url: str, goal: str, deadline: float) -> PageResult:
+        if not url.startswith(CORPUS_SCHEME):
+            raise ToolError("bad_request", f"the retriever backend can only visit {CORPUS_SCHEME}<id> URLs taken from "
+                                           f"search results, not {url[:200]!r}")
+        doc_id = url[len(CORPUS_SCHEME):]
+        document = self.document(doc_id)
+        if document is None:
+            raise ToolError("no_results", f"no passage {doc_id[:100]!r} was returned by an earlier search; visit a "
+                                          "corpus:// URL from the search results")
+        title, text = title_and_text(document)
+        return PageResult(url=url, title=title, content=text)
+
+    async def aclose(self) -> None:
+        await self.upstream.aclose()
+
+
+def _shape(expected: str, got: Any) -> ToolError:
+    # the reply is not echoed (it may be huge); its type is enough to find the mismatch
+    return ToolError("infra", f"the retriever reply has an unexpected shape: expected {expected}, got "
+                              f"{type(got).__name__}; check --retriever-dialect", retryable=True)
