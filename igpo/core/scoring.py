@@ -216,7 +216,72 @@ def score_batch(model: torch.nn.Module, requests: Sequence[ScoreRequest], cfg: S
             for r in requests]
 
 
+def validate_continuations(trajectory_len: int, boundaries: Sequence[int], continuations: Sequence[Probe],
+                           pairs: Sequence[tuple[int, int]] | None, max_positions: int | None) -> None:
+    """Raise ``ValueError`` for bad paired input: one continuation per boundary, each boundary in (0, L], spans inside
+    their continuation, every copy inside the context window, KL pairs of copies with spans of equal length."""
+    if len(boundaries) != len(continuations) or not boundaries:
+        raise ValueError(f"{len(boundaries)} boundaries for {len(continuations)} continuations; paired scoring needs "
+                         "one continuation per boundary, at least one.")
+    validate_request(trajectory_len, boundaries, continuations, None)
+    for k, (b, c) in enumerate(zip(boundaries, continuations)):
+        if max_positions is not None and b + len(c.token_ids) > max_positions:
+            raise ValueError(f"continuations[{k}] ({len(c.token_ids)} tokens) after boundaries[{k}]={b} needs "
+                             f"{b + len(c.token_ids)} positions; the model's context window is {max_positions}.")
+    for m, (f, c) in enumerate(pairs or ()):
+        if not (0 <= f < len(continuations) and 0 <= c < len(continuations)):
+            raise ValueError(f"pairs[{m}]=({f}, {c}) names a continuation outside 0..{len(continuations) - 1}")
+        lf = continuations[f].span[1] - continuations[f].span[0]
+        lc = continuations[c].span[1] - continuations[c].span[0]
+        if lf != lc:
+            raise ValueError(f"pairs[{m}]: spans of {lf} and {lc} tokens; a KL pair compares the same next action, so "
+                             "its spans must have the same length.")
+
+
+@torch.no_grad()
+def score_continuations(model: torch.nn.Module, trajectory_ids: torch.Tensor, boundaries: Sequence[int],
+                        continuations: Sequence[Probe], cfg: ScoringConfig,
+                        pairs: Sequence[tuple[int, int]] | None = None) -> torch.Tensor:
+    """Paired teacher-forced scoring: continuation y_k after the context x[:b_k], for each k (not every (k, p)).
+
+    Without ``pairs``: float32 [K], out[k] = (1/|G_k|) Σ_{j∈G_k} log softmax(z/τ)[y_kj] (G_k = the span of y_k).
+    With ``pairs`` [(f, c)]: float32 [M], out[m] = (1/|G|) Σ_j KL(softmax(z_f/τ) || softmax(z_c/τ)) at matching span
+    positions of copies f and c (same length). ``packed`` shares x[:max b_k] among all copies: cost
+    max_k b_k + Σ_k (len(y_k) − 1) tokens through the layers instead of Σ_k (b_k + len(y_k) − 1) for ``per_turn``.
+    InfoPO's counterfactual pass (igpo.core.infopo.ContinuationRequest) is the user.
+    """
+    if trajectory_ids.dim() != 1 or trajectory_ids.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"trajectory_ids must be a 1-D integer tensor of unpadded token ids, got shape "
+                         f"{tuple(trajectory_ids.shape)} dtype {trajectory_ids.dtype}; strip padding per sample.")
+    boundaries = [int(b) for b in boundaries]
+    pairs = None if pairs is None else [(int(f), int(c)) for f, c in pairs]
+    validate_continuations(trajectory_ids.numel(), boundaries, continuations, pairs, _max_positions(model))
+    if pairs is not None and not pairs:
+        return torch.zeros(0, dtype=torch.float32)
+    trajectory_ids = trajectory_ids.to(device=next(model.parameters()).device, dtype=torch.long)
+    if cfg.strategy == "per_turn":
+        return _continuations_per_turn(model, trajectory_ids, boundaries, continuations, cfg, pairs)
+    return _score_packed(_DecoderParts.of(model), trajectory_ids, boundaries, continuations, cfg, paired=True,
+                         kl_pairs=pairs)
+
+
 # --------------------------------------------------------------------------------------------------- reference
+
+
+def _continuations_per_turn(model, trajectory_ids, boundaries, continuations, cfg, pairs) -> torch.Tensor:
+    """One plain HF forward per copy; the span's predicting rows only (``logits_to_keep``)."""
+    device = trajectory_ids.device
+    rows = []
+    for b, c in zip(boundaries, continuations):
+        gs, ge = c.span
+        ids = torch.tensor(c.token_ids, dtype=torch.long, device=device)
+        logits = model(input_ids=torch.cat([trajectory_ids[:b], ids[: ge - 1]])[None], use_cache=False,
+                       logits_to_keep=ge - gs).logits[0].float()
+        logp = torch.log_softmax(logits / cfg.temperature, dim=-1)
+        rows.append((logp, ids[gs:ge].to(logp.device)))
+    if pairs is None:
+        return torch.stack([lp.gather(-1, t[:, None]).mean().cpu() for lp, t in rows])
+    return torch.stack([(rows[f][0].exp() * (rows[f][0] - rows[c][0])).sum(-1).mean().cpu() for f, c in pairs])
 
 
 def _score_per_turn(model, trajectory_ids, boundaries, probes, cfg) -> torch.Tensor:
@@ -498,7 +563,10 @@ def _flex_attention(device: torch.device):
     return _COMPILED_FLEX
 
 
-def _score_packed(parts: _DecoderParts, trajectory_ids, boundaries, probes, cfg: ScoringConfig) -> torch.Tensor:
+def _score_packed(parts: _DecoderParts, trajectory_ids, boundaries, probes, cfg: ScoringConfig,
+                  paired: bool = False, kl_pairs: Sequence[tuple[int, int]] | None = None) -> torch.Tensor:
+    """[K, P] mean target log-probs of every (boundary, probe) copy; ``paired``: only copy (k, k), returned as [K];
+    with ``kl_pairs`` (paired only): [M] mean KL(p_f || p_c) over the span positions of copies f and c."""
     n_probes = len(probes)
     length = max(boundaries)  # tokens after the last boundary never influence a score
 
@@ -506,8 +574,11 @@ def _score_packed(parts: _DecoderParts, trajectory_ids, boundaries, probes, cfg:
     bounds = torch.tensor(boundaries, dtype=torch.long)
     order = torch.argsort(bounds, descending=True, stable=True)
     fed = torch.tensor([probe.span[1] - 1 for probe in probes], dtype=torch.long)
-    copy_k = order.repeat_interleave(n_probes)
-    copy_p = torch.arange(n_probes).repeat(len(boundaries))
+    if paired:
+        copy_k, copy_p = order, order
+    else:
+        copy_k = order.repeat_interleave(n_probes)
+        copy_p = torch.arange(n_probes).repeat(len(boundaries))
     copy_b, copy_len = bounds[copy_k], fed[copy_p]
     copy_start = torch.cumsum(copy_len, 0) - copy_len
     n_tokens = int(copy_len.sum())
@@ -609,8 +680,10 @@ def _score_packed(parts: _DecoderParts, trajectory_ids, boundaries, probes, cfg:
     target_ids = probe_all[(torch.cumsum(probe_all_len, 0) - probe_all_len)[copy_p[copy_of_target]] + j]
 
     sources = torch.cat([probe_hidden[0], context[0]])  # probe rows, then one row per distinct b_k
-    logp = torch.empty(row.numel(), dtype=torch.float32, device=device)
     vocab = parts.lm_head.weight.shape[0] if hasattr(parts.lm_head, "weight") else 1
+    if kl_pairs is not None:
+        return _kl_readout(parts, sources, row, n_targets, torch.argsort(order), kl_pairs, cfg, vocab, device)
+    logp = torch.empty(row.numel(), dtype=torch.float32, device=device)
     step = max(1, cfg.logits_budget_mb * 2**20 // (4 * vocab))
     row, target_ids = row.to(device), target_ids.to(device)
     with _gathered(parts.root, parts.norm, parts.lm_head):
@@ -621,9 +694,40 @@ def _score_packed(parts: _DecoderParts, trajectory_ids, boundaries, probes, cfg:
     # Segment mean over each copy's targets, then back to [K, P] in the caller's boundary order.
     sums = torch.zeros(copy_k.numel(), dtype=torch.float32).index_add_(0, copy_of_target, logp.cpu())
     means = sums / n_targets.float()
+    if paired:
+        out = torch.empty(len(boundaries), dtype=torch.float32)
+        out[copy_k] = means
+        return out
     out = torch.empty(len(boundaries), n_probes, dtype=torch.float32)
     out[copy_k, copy_p] = means
     return out
+
+
+def _kl_readout(parts: _DecoderParts, sources, row, n_targets, copy_of_k, pairs, cfg: ScoringConfig, vocab: int,
+                device) -> torch.Tensor:
+    """Mean over the span positions of KL(p_f || p_c) = Σ_v p_f(v) (log p_f(v) − log p_c(v)) for each pair (f, c) of
+    paired copies (indices in the caller's order); both rows of a position go through the LM head together."""
+    target_first = torch.cumsum(n_targets, 0) - n_targets
+    idx_f, idx_c, owner = [], [], []
+    for m, (f, c) in enumerate(pairs):
+        qf, qc = int(copy_of_k[f]), int(copy_of_k[c])
+        n = int(n_targets[qf])
+        idx_f.append(target_first[qf] + torch.arange(n))
+        idx_c.append(target_first[qc] + torch.arange(n))
+        owner.append(torch.full((n,), m, dtype=torch.long))
+    rows_f, rows_c = row[torch.cat(idx_f)].to(device), row[torch.cat(idx_c)].to(device)
+    owner = torch.cat(owner)
+    kl = torch.empty(owner.numel(), dtype=torch.float32, device=device)
+    step = max(1, cfg.logits_budget_mb * 2**20 // (8 * vocab))
+    with _gathered(parts.root, parts.norm, parts.lm_head):
+        for s in range(0, owner.numel(), step):
+            both = sources[torch.cat([rows_f[s:s + step], rows_c[s:s + step]])]
+            logp = torch.log_softmax(parts.lm_head.forward(parts.norm.forward(both)).float() / cfg.temperature, -1)
+            lf, lc = logp.split(logp.shape[0] // 2)
+            kl[s:s + step] = (lf.exp() * (lf - lc)).sum(-1)
+    sums = torch.zeros(len(pairs), dtype=torch.float32).index_add_(0, owner, kl.cpu())
+    counts = torch.zeros(len(pairs), dtype=torch.float32).index_add_(0, owner, torch.ones(owner.numel()))
+    return sums / counts
 
 
 def _attention_groups(copy_b: list[int], copy_len: list[int], max_tokens: int,
