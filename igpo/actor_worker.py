@@ -7,6 +7,9 @@ before the policy update). The trainer mode swaps this class in for the actor ro
 Sharding: every rank receives all requests and scores ``requests[rank::world]``. FSDP2 gathers each layer's
 parameters collectively, once per request, so ranks stay in lockstep only if they score the same number of requests:
 shorter shares are padded with a one-token dummy request whose result is dropped.
+
+``infopo_score_counterfactuals`` does the same for InfoPO's counterfactual pass (paired continuations after each
+observation's content start, ``igpo.core.scoring.score_continuations``), with the same sharding and padding.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from verl.utils.device import get_device_name
 from verl.workers.engine_workers import ActorRolloutRefWorker
 
 from igpo.core.ground_truth import Probe
-from igpo.core.scoring import ScoreRequest, ScoringConfig, score_batch
+from igpo.core.scoring import ScoreRequest, ScoringConfig, score_batch, score_continuations
 
 
 def shard_requests(requests: list[dict], rank: int, world: int) -> tuple[list[int], int]:
@@ -40,6 +43,37 @@ def _dummy_like(spec: dict) -> dict:
     """A minimal request of the same model: its first probe after a one-token context."""
     probe = spec["probes"][0]
     return {"trajectory_ids": [int(spec["trajectory_ids"][0])], "boundaries": [1], "probes": [probe]}
+
+
+def _continuation_dummy(spec: dict) -> dict:
+    """A minimal paired request: the first continuation after a one-token context (its KL pair with itself)."""
+    dummy = {"trajectory_ids": [int(spec["trajectory_ids"][0])], "boundaries": [1],
+             "continuations": [spec["continuations"][0]]}
+    if spec.get("pairs") is not None:
+        dummy["pairs"] = [[0, 0]]
+    return dummy
+
+
+def score_counterfactual_share(module: torch.nn.Module, requests: list[dict], scoring: dict, rank: int,
+                               world: int) -> dict[int, list[float]]:
+    """This rank's share of InfoPO requests (``igpo.core.infopo.ContinuationRequest.as_dict``), padded with dummies
+    so that every rank runs the same number of packed passes (FSDP2 gathers stay in lockstep).
+
+    Returns {request index: per-copy mean log-probs, or per-pair mean KL when the request has ``pairs``}.
+    """
+    if not requests:
+        return {}
+    mine, padding = shard_requests(requests, rank, world)
+    cfg = ScoringConfig(**scoring)
+    out = {}
+    for slot, spec in enumerate([requests[i] for i in mine] + [_continuation_dummy(requests[0])] * padding):
+        values = score_continuations(
+            module, torch.as_tensor(spec["trajectory_ids"], dtype=torch.long), spec["boundaries"],
+            [Probe(token_ids=list(c["token_ids"]), span=tuple(c["span"])) for c in spec["continuations"]], cfg,
+            spec.get("pairs"))
+        if slot < len(mine):
+            out[mine[slot]] = values.tolist()
+    return out
 
 
 class IGPOActorRolloutRefWorker(ActorRolloutRefWorker):
@@ -73,3 +107,26 @@ class IGPOActorRolloutRefWorker(ActorRolloutRefWorker):
             if offloaded:
                 engine.to("cpu", model=True, optimizer=False, grad=False)
         return {index: scores[slot].tolist() for slot, index in enumerate(mine)}
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def infopo_score_counterfactuals(self, requests: list[dict], scoring: dict) -> dict[int, list[float]]:
+        """InfoPO's counterfactual pass on this rank's share (``score_counterfactual_share``), θ_old, no grad."""
+        if not requests:
+            return {}
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        engine = self.actor.engine
+        offloaded = bool(getattr(engine, "is_param_offload_enabled", False))
+        if offloaded:
+            engine.to(get_device_name(), model=True, optimizer=False, grad=False)
+        try:
+            module = engine.module
+            was_training = module.training
+            module.eval()
+            with torch.no_grad():
+                out = score_counterfactual_share(module, requests, scoring, rank, world)
+            module.train(was_training)
+        finally:
+            if offloaded:
+                engine.to("cpu", model=True, optimizer=False, grad=False)
+        return out

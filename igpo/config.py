@@ -12,6 +12,9 @@ so a typo such as ``algorithm.igpo.norm_mod=joint`` fails at start-up instead of
 | warm-up gate | ``IGPOConfig`` | ig_warmup_threshold, ig_warmup_ema_alpha |
 | scoring | ``IGPOConfig`` + ``igpo.agent_config.RolloutScoringConfig`` | score_on, verify_scoring, answer_template_prefix, answer_template_suffix |
 | agent loop | ``igpo.agent_config.AgentLoopConfig`` | the ``agent`` sub-section |
+
+InfoPO (``algorithm.adv_estimator=infopo``) reads its own section, ``algorithm.infopo``, into
+``igpo.core.infopo.InfoPOConfig`` (``infopo_config_from_algorithm``; unknown keys refused the same way).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import Any, Mapping
 from igpo.agent_config import AgentLoopConfig, RolloutScoringConfig, _plain
 from igpo.core.advantage import AdvantageConfig, CurriculumConfig
 from igpo.core.info_gain import InfoGainConfig
+from igpo.core.infopo import InfoPOConfig
 
 SCORE_ON = ("actor", "rollout")
 _CURRICULUM_KEYS = {
@@ -121,3 +125,13 @@ class IGPOConfig:
             agent=AgentLoopConfig.from_dict(section.get("agent")),
             **own,
         )
+
+
+def infopo_config_from_algorithm(algorithm: Mapping[str, Any]) -> InfoPOConfig:
+    """``InfoPOConfig`` from ``algorithm.infopo`` (unknown keys raise), plus ``algorithm.gamma`` (used by the r2g
+    variants only) and ``algorithm.norm_adv_by_std_in_grpo``."""
+    gamma = algorithm.get("gamma", None)
+    norm = algorithm.get("norm_adv_by_std_in_grpo", None)
+    return InfoPOConfig.from_dict(_plain(algorithm.get("infopo", None)),
+                                  gamma=None if gamma is None else float(gamma),
+                                  norm_adv_by_std=None if norm is None else bool(norm))

@@ -9,6 +9,9 @@ mode calls ``igpo.core.advantage.advantage_at_boundaries`` with the reward posit
 Knobs are read from ``algorithm.igpo.<AdvantageConfig field>`` (missing keys keep their defaults), plus
 ``algorithm.gamma`` and ``algorithm.norm_adv_by_std_in_grpo``. The metrics of the last call are left in the
 module-level ``last_metrics`` dict for the trainer (same process) to pop and log.
+
+``algorithm.adv_estimator=infopo`` is registered too, so verl's and our start-up checks know the name; its advantage
+(igpo.core.infopo) is computed by the igpo_sync trainer mode, and the registered function only says so if called.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from igpo.config import advantage_config_from_algorithm
 from igpo.core.advantage import compute_igpo_advantage, masks_from_token_rewards
 
 ESTIMATOR_NAMES = ("igpo", "grpo_info_gain")
+INFOPO_NAMES = ("infopo",)
 
 last_metrics: dict[str, float] = {}
 """``igpo/*`` metrics of the most recent estimator call; the trainer mode pops them after ``compute_advantage``."""
@@ -60,21 +64,30 @@ def igpo_advantage(
     return advantages, returns
 
 
+def infopo_advantage(token_level_rewards: torch.Tensor, response_mask: torch.Tensor, **unused: Any):
+    """``infopo`` in verl's registry: the name is known to verl's checks, but the advantage needs the counterfactual
+    pass on the actor and the turn records, which only the igpo_sync trainer mode provides."""
+    raise ValueError("algorithm.adv_estimator=infopo runs only in the igpo_sync trainer mode "
+                     "(trainer.use_v1=true trainer.v1.trainer_mode=igpo_sync, as configs/igpo_base.yaml sets): verl's "
+                     "stock compute_advantage has no turn records and no counterfactual pass.")
+
+
 def _register() -> None:
-    """Register under both names; importing this module twice (reload, two import paths) must not raise."""
-    for name in ESTIMATOR_NAMES:
-        existing = core_algos.ADV_ESTIMATOR_REGISTRY.get(name)
-        if existing is not None and existing is not igpo_advantage:
-            same = (getattr(existing, "__module__", None), getattr(existing, "__qualname__", None)) == (
-                igpo_advantage.__module__, igpo_advantage.__qualname__
-            )
-            if not same:
-                raise ValueError(f"advantage estimator name {name!r} is already taken by {existing!r}; "
-                                 "another package registered it. Remove one of the two registrations.")
-            # The same function from an earlier import of this module: replace it with this copy.
-            core_algos.ADV_ESTIMATOR_REGISTRY[name] = igpo_advantage
-            continue
-        core_algos.register_adv_est(name)(igpo_advantage)
+    """Register every name; importing this module twice (reload, two import paths) must not raise."""
+    for names, function in ((ESTIMATOR_NAMES, igpo_advantage), (INFOPO_NAMES, infopo_advantage)):
+        for name in names:
+            existing = core_algos.ADV_ESTIMATOR_REGISTRY.get(name)
+            if existing is not None and existing is not function:
+                same = (getattr(existing, "__module__", None), getattr(existing, "__qualname__", None)) == (
+                    function.__module__, function.__qualname__
+                )
+                if not same:
+                    raise ValueError(f"advantage estimator name {name!r} is already taken by {existing!r}; "
+                                     "another package registered it. Remove one of the two registrations.")
+                # The same function from an earlier import of this module: replace it with this copy.
+                core_algos.ADV_ESTIMATOR_REGISTRY[name] = function
+                continue
+            core_algos.register_adv_est(name)(function)
 
 
 _register()

@@ -253,6 +253,20 @@ def check_algorithm(config: Any):
 
     check_estimator(str(config.algorithm.adv_estimator))
     trainer_mode = str((config.trainer.get("v1") or {}).get("trainer_mode", ""))
+    if str(config.algorithm.adv_estimator) == "infopo":
+        from igpo.config import infopo_config_from_algorithm
+
+        try:
+            infopo = infopo_config_from_algorithm(config.algorithm)
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
+        if trainer_mode != "igpo_sync":
+            raise ConfigError(f"algorithm.adv_estimator=infopo needs trainer.v1.trainer_mode=igpo_sync (got "
+                              f"{trainer_mode!r}): the counterfactual pass and the turn records live there.")
+        if igpo.score_on == "rollout":
+            raise ConfigError("algorithm.adv_estimator=infopo with algorithm.igpo.score_on=rollout: the rollout would "
+                              "score IGPO's answer probes that InfoPO never reads; use algorithm.igpo.score_on=actor.")
+        check_infopo(config, infopo)
     if igpo.score_on == "rollout":
         if trainer_mode != "igpo_sync":
             raise ConfigError(
@@ -279,8 +293,34 @@ def check_estimator(name: str) -> None:
 
     if name not in ADV_ESTIMATOR_REGISTRY:
         raise ConfigError(f"algorithm.adv_estimator={name!r} is not a registered advantage estimator; use igpo (or its "
-                          f"alias grpo_info_gain), grpo for the outcome-only baseline, or one of "
+                          f"alias grpo_info_gain), infopo, grpo for the outcome-only baseline, or one of "
                           f"{sorted(ADV_ESTIMATOR_REGISTRY)}.")
+
+
+def check_infopo(config: Any, infopo: Any) -> tuple[bool, str]:
+    """Whether InfoPO's factual term can be the old log-probs the trainer computes anyway, and why (for the log).
+
+    They are the same quantity (θ_old, the factual context, logits / rollout temperature) when the actor recomputes
+    them; in rollout-correction bypass mode they are the rollout engine's log-probs instead, and the kl score needs
+    whole distributions, not the sampled token's log-prob. The actor's FSDP strategy must be fsdp2 (the packed
+    scorer drives the layers one by one).
+    """
+    strategy = str(config.actor_rollout_ref.actor.strategy)
+    if strategy != "fsdp2":
+        raise ConfigError(f"actor_rollout_ref.actor.strategy={strategy!r} with algorithm.adv_estimator=infopo: the "
+                          "counterfactual pass gathers the decoder layer by layer, which only FSDP2 allows; set "
+                          "actor_rollout_ref.actor.strategy=fsdp2 (the presets do).")
+    if not infopo.reuse_old_log_probs:
+        return False, "is recomputed beside the counterfactual (algorithm.infopo.reuse_old_log_probs=false)"
+    if infopo.score == "kl":
+        return False, ("is recomputed beside the counterfactual: score=kl needs the factual distribution, not only "
+                       "the sampled token's old log-prob")
+    correction = config.algorithm.get("rollout_correction") or {}
+    if correction.get("bypass_mode", False):
+        return False, ("is recomputed beside the counterfactual: in rollout_correction bypass mode old_log_probs are "
+                       "the rollout engine's, not the actor's")
+    return True, ("reuses the actor's old_log_probs (same weights, context and temperature): one counterfactual copy "
+                  "per turn")
 
 
 def check_rollout_correction(config: Any) -> None:

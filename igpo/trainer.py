@@ -12,12 +12,18 @@ log-probs per boundary) from TransferQueue and places the per-turn rewards at th
 as reward positions (``igpo.core.info_gain.turn_boundaries``; no [B, L] reward tensor is built), then calls
 ``igpo.core.advantage.advantage_at_boundaries`` and logs the ``igpo/*`` metrics. The warm-up gate and the
 curriculum are applied here; the gate's state is saved beside verl's checkpoints (``igpo_state.json``).
+
+With ``algorithm.adv_estimator=infopo`` the same records drive InfoPO instead (``_infopo_advantage``): the actor
+scores each observation's counterfactual (content replaced by ``algorithm.infopo.placeholder``,
+``IGPOActorRolloutRefWorker.infopo_score_counterfactuals``), and ``igpo.core.infopo.infopo_advantage`` fuses the
+group-normalised intrinsic values with the outcome advantage through the variance gate; ``infopo/*`` metrics.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import time
 
@@ -32,9 +38,10 @@ from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.workers.utils.padding import response_to_nested
 
 from igpo.actor_worker import IGPOActorRolloutRefWorker
-from igpo.config import IGPOConfig
-from igpo.estimator import ESTIMATOR_NAMES
-from igpo.launch_plan import check_estimator, check_rollout_correction
+from igpo.config import IGPOConfig, infopo_config_from_algorithm
+from igpo.estimator import ESTIMATOR_NAMES, INFOPO_NAMES
+from igpo.launch_plan import check_estimator, check_infopo, check_rollout_correction
+from igpo.core.infopo import ContinuationRequest, InfoPOInputs, infopo_advantage, observation_content_span
 from igpo.core.ground_truth import answer_probes
 from igpo.core.scoring import validate_request
 from igpo.core.advantage import WarmupGate, advantage_at_boundaries, curriculum_weights, last_response_token
@@ -106,8 +113,14 @@ class IGPOTrainerSync(PPOTrainerSync):
         # IGPO's own turn-level advantage, or any other registered estimator (stock GRPO: outcome only) run by verl's
         # step on the same agent loop, for like-for-like comparisons.
         self.uses_igpo = estimator in ESTIMATOR_NAMES
+        self.uses_infopo = estimator in INFOPO_NAMES
+        if self.uses_infopo:
+            self.infopo = infopo_config_from_algorithm(config.algorithm)
+            self.infopo_reuse, why = check_infopo(config, self.infopo)
+            logger.warning("igpo_sync: InfoPO's factual term %s", why)
         logger.warning("igpo_sync: advantage estimator %s (%s)", estimator,
-                       "IGPO turn-level" if self.uses_igpo else "verl's, on the outcome reward")
+                       "IGPO turn-level" if self.uses_igpo else "InfoPO counterfactual information gain"
+                       if self.uses_infopo else "verl's, on the outcome reward")
         if config.algorithm.get("use_kl_in_reward", False):
             raise ValueError("algorithm.use_kl_in_reward=true puts a reward on every token, which breaks IGPO's "
                              "turn rewards; use actor_rollout_ref.actor.use_kl_loss=true instead.")
@@ -188,6 +201,8 @@ class IGPOTrainerSync(PPOTrainerSync):
     # ---- advantage ----------------------------------------------------------------------------------------------
 
     def _compute_advantage(self, batch, metrics: dict):
+        if self.uses_infopo:
+            return self._compute_infopo_advantage(batch, metrics)
         if not self.uses_igpo:
             return self._compute_stock_advantage(batch, metrics)
         started = time.perf_counter()
@@ -274,6 +289,153 @@ class IGPOTrainerSync(PPOTrainerSync):
         if self.igpo.curriculum.enabled:
             metrics["curriculum/f1_weight"], metrics["curriculum/ig_weight"] = w_outcome, w_ig
         return advantages, returns
+
+    # ---- InfoPO ---------------------------------------------------------------------------------------------------
+
+    def _compute_infopo_advantage(self, batch, metrics: dict):
+        started = time.perf_counter()
+        fields = ["uid", "response_mask", "rm_scores", "extra_fields", "prompts", "responses"]
+        if self.infopo_reuse:
+            fields.append("old_log_probs")
+        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
+        extras = [e if isinstance(e, dict) else {} for e in data.pop("extra_fields").tolist()]
+        uids = data.pop("uid").tolist()
+        prompts, responses = data.pop("prompts").unbind(), data.pop("responses").unbind()
+        nested_mask = data["response_mask"]
+        padded = data.to_padded_tensor()
+        old_log_probs = padded["old_log_probs"].float() if self.infopo_reuse else None
+
+        def counterfactual(num_turns, turn_ends):
+            return self._infopo_counterfactual(prompts, responses, extras, num_turns, turn_ends, old_log_probs,
+                                               metrics)
+
+        advantages = self._infopo_advantage(extras, uids, padded["response_mask"].bool(), padded["rm_scores"].float(),
+                                            metrics, counterfactual)
+        metrics["timing_s/infopo_advantage"] = time.perf_counter() - started
+        nested = response_to_nested(advantages.float(), nested_mask)
+        output = TensorDict({"advantages": nested, "returns": response_to_nested(advantages.float(), nested_mask)},
+                            batch_size=len(batch))
+        return tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=output)
+
+    def _infopo_counterfactual(self, prompts, responses, extras, num_turns, turn_ends, old_log_probs,
+                               metrics) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(I [B, T] credited to the turn that produced the observation, scored [B, T], failed [B, T]).
+
+        Turn t < N-1 of a trajectory is scored when its observation has content: the actor scores the next action
+        a_{t+1} after the counterfactual context (content -> placeholder, template kept); the factual term comes from
+        ``old_log_probs`` (same θ, context and temperature) or from a factual copy in the same pass.
+        """
+        from igpo.agent_loop import _encode_content, _frame_for
+
+        started = time.perf_counter()
+        cfg = self.infopo
+        frame = _frame_for(self.tokenizer, dict(self.config.data.get("apply_chat_template_kwargs", {}) or {}))
+        placeholder = _encode_content(self.tokenizer, cfg.placeholder)
+        B, T = turn_ends.shape
+        intrinsic = torch.zeros(B, T, dtype=torch.float64)
+        scored = torch.zeros(B, T, dtype=torch.bool)
+        failed = torch.zeros(B, T, dtype=torch.bool)
+        kl = cfg.score == "kl"
+        factual = kl or old_log_probs is None
+        max_positions = self._max_positions()
+        requests, owners = [], []
+        for i, extra in enumerate(extras):
+            n = int(num_turns[i])
+            boundaries = list(extra.get("igpo_boundaries") or [])[:n]
+            if n < 2 or len(boundaries) < n:
+                continue
+            P = int(prompts[i].numel())
+            ids = torch.cat([prompts[i], responses[i]]).tolist()
+            request, actions = ContinuationRequest(ids), {}
+            for t in range(n - 1):
+                action = (int(boundaries[t + 1]), int(turn_ends[i, t + 1]) + P + 1)
+                try:
+                    cs, ce = observation_content_span(ids, int(turn_ends[i, t]) + P + 1, action[0], frame.eot_id,
+                                                      frame.prefix_ids, list(frame.suffix_ids.values()))
+                    if cs == ce:
+                        continue  # an empty observation: nothing to take away (the reference skips it too)
+                    if max_positions is not None and cs + len(placeholder) + action[1] - ce > max_positions:
+                        raise ValueError(f"the counterfactual needs {cs + len(placeholder) + action[1] - ce} positions "
+                                         f"> the context window {max_positions}")
+                    request.add_turn(t, (cs, ce), action, placeholder, factual=factual)
+                    actions[t] = action
+                except ValueError as error:
+                    failed[i, t] = True
+                    logger.warning("infopo: sample %d turn %d is not scored (%s); counted in infopo/failed_turns",
+                                   i, t, error)
+            if request.turns:
+                requests.append(request)
+                owners.append((i, P, actions))
+        scoring = {"strategy": "packed", "temperature": float(self.config.actor_rollout_ref.rollout.temperature)}
+        results: dict[int, list] = {}
+        if requests:
+            for part in self.actor_rollout_wg.infopo_score_counterfactuals([r.as_dict(kl) for r in requests], scoring):
+                results.update(part)
+        for r, (request, (i, P, actions)) in enumerate(zip(requests, owners)):
+            values = results[r]
+            for m, (t, f, c) in enumerate(request.turns):
+                if kl:
+                    value = values[m]
+                elif f is not None:
+                    value = values[f] - values[c]
+                else:
+                    a_s, a_e = actions[t]
+                    value = float(old_log_probs[i, a_s - P:a_e - P].double().mean()) - values[c]
+                if math.isfinite(value):
+                    intrinsic[i, t], scored[i, t] = value, True
+                else:
+                    failed[i, t] = True
+        shared = sum(max(r.boundaries) + sum(len(ids) - 1 for ids, _ in r.continuations) for r in requests)
+        unshared = sum(b + len(ids) - 1 for r in requests for b, (ids, _) in zip(r.boundaries, r.continuations))
+        metrics["infopo/counterfactual_tokens"] = float(shared)
+        metrics["infopo/counterfactual_tokens_unshared"] = float(unshared)
+        metrics["infopo/factual_from_old_log_probs"] = float(not factual)
+        metrics["timing_s/infopo_counterfactual"] = time.perf_counter() - started
+        return intrinsic, scored, failed
+
+    def _infopo_advantage(self, extras: list[dict], uids: list, response_mask: torch.Tensor, rm_scores: torch.Tensor,
+                          metrics: dict, counterfactual) -> torch.Tensor:
+        """InfoPO advantages [B, L] (= returns) from the agent loop's records (no Ray, no TransferQueue: unit-tested).
+
+        ``counterfactual(num_turns, turn_ends)`` returns (I, scored, failed), each [B, T]. Raises ``RuntimeError`` when
+        the failed turns pass ``algorithm.infopo.max_failed_turn_ratio``.
+        """
+        B, L = response_mask.shape
+        group_of: dict = {}
+        group = torch.tensor([group_of.setdefault(u, len(group_of)) for u in uids], dtype=torch.long)
+        num_turns, turn_ends, _, _, _ = _turn_tensors(extras, L, "first")
+        T = turn_ends.shape[1]
+        intrinsic, scored, failed = counterfactual(num_turns, turn_ends)
+        attempted = int(scored.sum() + failed.sum())
+        n_failed = int(failed.sum())
+        metrics["infopo/failed_turns"] = float(n_failed)
+        metrics["infopo/failed_turn_ratio"] = n_failed / attempted if attempted else 0.0
+        if attempted and n_failed / attempted > self.infopo.max_failed_turn_ratio:
+            raise RuntimeError(
+                f"InfoPO: {n_failed} of {attempted} turns ({100 * n_failed / attempted:.1f}%) could not be scored "
+                f"(their observation's content span was not found, the counterfactual did not fit the context window, "
+                f"or the score was not finite; the warnings above name each) > algorithm.infopo.max_failed_turn_ratio="
+                f"{self.infopo.max_failed_turn_ratio}. Fix the cause (chat template, context window) or raise the "
+                "threshold; a failed turn is never scored as 0.")
+        # Token i of a trajectory belongs to the first turn whose end is >= i (tokens after the last kept turn, cut
+        # by the response length, to the last kept turn).
+        positions = torch.arange(L)[None, :].expand(B, L).contiguous()
+        width_ends = torch.where(torch.arange(T)[None, :] < num_turns[:, None], turn_ends, L + 1)
+        token_turn = torch.searchsorted(width_ends.contiguous(), positions)
+        token_turn = torch.minimum(token_turn, (num_turns - 1).clamp(min=0)[:, None])
+        outcome = rm_scores.sum(-1).double()
+        turn_rewards = torch.zeros(B, T, dtype=torch.float64)
+        has_turns = num_turns > 0
+        turn_rewards[has_turns, (num_turns - 1).clamp(min=0)[has_turns]] = outcome[has_turns]
+        epoch = self.global_steps // max(1, int(getattr(self, "steps_per_epoch", 0) or 0)) \
+            if getattr(self, "steps_per_epoch", 0) else 0
+        inputs = InfoPOInputs(turn_rewards=turn_rewards, num_turns=torch.where(has_turns, num_turns, 0),
+                              token_turn=token_turn, action_mask=response_mask, intrinsic=intrinsic,
+                              intrinsic_mask=scored, group=group, epoch=int(epoch))
+        advantages, stats = infopo_advantage(inputs, self.infopo)
+        metrics.update({f"infopo/{k}": v for k, v in stats.items()})
+        metrics.update(self._rollout_metrics(extras, num_turns))
+        return advantages
 
     def _compute_metrics(self, batch, metrics, timing_raw, global_steps, epoch):
         super()._compute_metrics(batch, metrics, timing_raw, global_steps, epoch)
