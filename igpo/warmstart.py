@@ -54,7 +54,8 @@ class WarmStartConfig:
     batch_size, lr, warmup_steps, weight_decay, grad_clip: AdamW; linear warm-up, then linear decay to 0.1 lr
         at the end of the budget (by wall time or steps, whichever is further along).
     threads: torch CPU threads while training (restored afterwards).
-    examples_per_passage: synthetic questions per training passage, each with its own random snippet.
+    examples_per_passage: synthetic questions per training passage, each with its own random snippet (world task:
+        trajectories of the warm-start policy per training question).
     max_turns, max_tokens_per_turn, max_observation_tokens, prompt_length, response_length: the loop's sizes (CPU
         demo). max_turns >= 3: with 2 the loop appends the answer-now instruction to the only observation.
     verify_examples: how many synthetic sequences are replayed through the real agent loop as a check.
@@ -313,6 +314,51 @@ def _verify_against_loop(tokenizer: Any, tools: LocalTools, pairs: list[tuple[De
                 "of the same turns (the loop's prompt or observation layout changed); fix build_examples")
 
 
+# ---------------------------------------------------------------------------------------------------- world task
+
+
+def world_examples(tokenizer: Any, tools: LocalTools, world: Any, config: WarmStartConfig, *, plans_per_question: int,
+                   model_type: str | None = None) -> tuple[list[Example], dict[str, int]]:
+    """Warm-start sequences for the generated world (``igpo.demo_world``): every training question played
+    ``plans_per_question`` times by the imperfect policy of ``demo_world.warm_start_plan``, each one run through the
+    real ``IGPOAgentLoop`` with a scripted server, so every sequence is the loop's own layout (prompt, tool turns,
+    observations as the loop frames and truncates them, answer) with its loss mask. A plan the loop cannot play to
+    its end (it would force the answer earlier, e.g. for lack of context) is skipped and counted."""
+    from igpo.demo_world import warm_start_plan
+
+    eot_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    rng = random.Random(config.seed)
+    jobs = [(q, warm_start_plan(world, q, rng)) for q in world.questions("train") for _ in range(plans_per_question)]
+
+    async def play(index: int, question: Any, plan: Any) -> tuple[Example | None, str]:
+        turns = [search_turn(query) for query in plan.queries] + [answer_turn(plan.answer)]
+        server = _ScriptedServer(tokenizer, turns, eot_id)
+        loop = _make_loop(tokenizer, server, tools, config, max_turns=config.max_turns, scoring=False,
+                          model_type=model_type)
+        kwargs = {"raw_prompt": [{"role": "user", "content": question.question}],
+                  "reward_model": {"ground_truth": question.answer}, "data_source": "demo_world", "extra_info": {},
+                  "index": index, "uid": f"warmstart-{index}", "global_steps": 0}
+        out = await loop.run({"temperature": 1.0}, **kwargs)
+        extra = out.extra_fields
+        if server.calls != len(turns) or extra["igpo_stop_reason"] != "answer" or extra["igpo_forced_final"]:
+            return None, "not_played_to_the_end"
+        if not all(extra["igpo_turn_format_ok"]):
+            return None, "malformed"
+        return Example(tuple(out.prompt_ids) + tuple(out.response_ids),
+                       (0,) * len(out.prompt_ids) + tuple(out.response_mask)), "ok"
+
+    async def play_all() -> list[tuple[Example | None, str]]:
+        return [await play(i, q, plan) for i, (q, plan) in enumerate(jobs)]
+
+    examples, skipped = [], {"not_played_to_the_end": 0, "malformed": 0}
+    for example, status in asyncio.run(play_all()):
+        if example is None:
+            skipped[status] += 1
+        else:
+            examples.append(example)
+    return examples, skipped
+
+
 # ---------------------------------------------------------------------------------------------------- training
 
 
@@ -432,7 +478,7 @@ def heldout_questions(corpus: Path, tools: LocalTools, config: WarmStartConfig) 
 
 
 def warm_start(model_dir: str | Path, corpus: str | Path, out_dir: str | Path, *, seconds: float | None = None,
-               seed: int | None = None, config: WarmStartConfig | None = None) -> Path:
+               seed: int | None = None, config: WarmStartConfig | None = None, world: Any = None) -> Path:
     """Warm-start the checkpoint in ``model_dir`` on synthetic search-then-answer trajectories; save to ``out_dir``.
 
     Args:
@@ -441,6 +487,8 @@ def warm_start(model_dir: str | Path, corpus: str | Path, out_dir: str | Path, *
         out_dir: where the trained checkpoint + tokenizer go; returned unchanged when its stamp matches the inputs.
         seconds, seed: when given, override ``config.seconds`` / ``config.seed`` (the CLI's knobs).
         config: everything else; defaults to ``WarmStartConfig()`` (the CPU demo's sizes).
+        world: a ``igpo.demo_world.World`` whose corpus ``corpus`` is: train on its questions with the imperfect
+            policy of ``demo_world.warm_start_plan`` instead of the corpus-title questions.
     Returns:
         ``out_dir``, loadable with ``AutoModelForCausalLM`` / ``AutoTokenizer``. Its stamp holds the loss curve.
     """
@@ -457,8 +505,13 @@ def warm_start(model_dir: str | Path, corpus: str | Path, out_dir: str | Path, *
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     tools = LocalTools(corpus)
     try:
-        examples, skipped = build_examples(tokenizer, tools, training_questions(corpus, tools, config), config,
-                                           _model_type(model_dir))
+        if world is not None:
+            examples, skipped = world_examples(tokenizer, tools, world, config,
+                                               plans_per_question=config.examples_per_passage,
+                                               model_type=_model_type(model_dir))
+        else:
+            examples, skipped = build_examples(tokenizer, tools, training_questions(corpus, tools, config), config,
+                                               _model_type(model_dir))
     finally:
         tools.close()
     if not examples:
@@ -571,6 +624,69 @@ def measure(model_dir: str | Path, corpus: str | Path, *, n: int = 32, seed: int
     )
 
 
+def measure_world(model_dir: str | Path, corpus: str | Path, world: Any, *, split: str = "val", n: int | None = None,
+                  seed: int = 0, config: WarmStartConfig | None = None) -> dict[str, float]:
+    """Sample (temperature 1) the world's ``split`` questions through ``IGPOAgentLoop`` + ``HFRolloutServer`` (no Ray).
+
+    Returns the mean F1 and what the policy did: searched first, searched the asked person first (right_person),
+    made the second hop on two-hop questions, and the mean F1 per question kind.
+    """
+    import torch
+    from transformers import AutoTokenizer
+
+    from igpo.core.outcome import f1_score
+    from igpo.cpu.hf_rollout import HFRolloutServer
+    from igpo.protocol import parse_turn
+
+    config = config or WarmStartConfig()
+    questions = world.questions(split)
+    questions = questions[:n] if n else questions
+    tools = LocalTools(corpus)
+    threads = torch.get_num_threads()
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        server = HFRolloutServer(str(model_dir), max_model_len=config.prompt_length + config.response_length,
+                                 response_length=config.response_length)
+        torch.set_num_threads(config.threads)
+        torch.manual_seed(seed)
+
+        async def run_all() -> list[Any]:
+            params = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "logprobs": True}
+            return await asyncio.gather(*(
+                _make_loop(tokenizer, server, tools, config, max_turns=config.max_turns, scoring=False,
+                           model_type=_model_type(Path(model_dir)))
+                .run(params, raw_prompt=[{"role": "user", "content": q.question}],
+                     reward_model={"ground_truth": q.answer}, data_source="demo_world", extra_info={}, index=i,
+                     uid=f"measure-{i}", global_steps=0) for i, q in enumerate(questions)))
+
+        outputs = asyncio.run(run_all())
+    finally:
+        torch.set_num_threads(threads)
+        tools.close()
+
+    scores: dict[str, list[float]] = {}
+    searched = right = hops = two_hop = 0
+    for question, out in zip(questions, outputs):
+        extra = out.extra_fields
+        answer = extra["igpo_final_answer"]
+        scores.setdefault(question.kind, []).append(f1_score(answer, [question.answer]) if answer else 0.0)
+        tools_used = [t for t in extra["igpo_tool_names"] if t]
+        if tools_used:
+            searched += 1
+            first = tokenizer.decode(out.response_ids[: extra["igpo_turn_ends"][0] + 1])
+            call = parse_turn(first.split("<|im_end|>")[0])
+            query = call.arguments.get("query") if call.kind == "tool_call" else None
+            right += question.person in " ".join([query] if isinstance(query, str) else query or [])
+        if question.kind == "hq":
+            two_hop += 1
+            hops += len(tools_used) >= 2
+    count = len(questions)
+    report = {"n": float(count), "f1": sum(sum(v) for v in scores.values()) / count, "searched": searched / count,
+              "right_person": right / count, "second_hop": hops / two_hop if two_hop else float("nan")}
+    report.update({f"f1_{kind}": sum(v) / len(v) for kind, v in scores.items()})
+    return report
+
+
 def main() -> None:
     import argparse
 
@@ -584,16 +700,28 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=WarmStartConfig.seed)
     parser.add_argument("--eval", type=int, default=0, metavar="N",
                         help="also roll out N held-out questions with the base and the warm-started model")
+    parser.add_argument("--world-seed", type=int, default=None,
+                        help="train on the generated world of this seed (igpo.demo_world; --corpus is its corpus.jsonl)"
+                             " instead of the corpus-title questions")
     args = parser.parse_args()
     config = WarmStartConfig(max_steps=args.steps)
-    out = warm_start(args.base, args.corpus, args.out, seconds=args.seconds, seed=args.seed, config=config)
+    world = None
+    if args.world_seed is not None:
+        from igpo.demo_world import WorldConfig, build_world
+
+        world = build_world(WorldConfig(seed=args.world_seed))
+    out = warm_start(args.base, args.corpus, args.out, seconds=args.seconds, seed=args.seed, config=config,
+                     world=world)
     stamp = json.loads((Path(out) / STAMP).read_text())
     print(f"warm-start: {stamp['examples']} sequences, {stamp['steps']} steps in {stamp['train_seconds']} s, "
           f"loss {stamp['loss_start']:.3f} -> {stamp['loss_end']:.3f}")
     if args.eval:
         for name, path in (("base", args.base), ("warm", out)):
-            report = measure(path, args.corpus, n=args.eval, seed=args.seed, config=config)
-            print(f"warm-start eval ({name}): {asdict(report)}")
+            if world is not None:
+                report = measure_world(path, args.corpus, world, n=args.eval, seed=args.seed, config=config)
+            else:
+                report = asdict(measure(path, args.corpus, n=args.eval, seed=args.seed, config=config))
+            print(f"warm-start eval ({name}): {report}")
     print(out)
 
 
