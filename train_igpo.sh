@@ -10,6 +10,9 @@
 # Without GPUs (or with IGPO_DEVICE=cpu): the embedded CPU demo (configs/cpu_demo.yaml): a tiny local model, the local
 # BM25 corpus behind tool_server, F1 reward, a few steps. Secrets and endpoints come from .env (see .env.example).
 # --dry-run: plan and check the configuration (verl's validation and ours), print the plan and exit without Ray.
+# IGPO_RECIPE=<name>: a published setting, configs/recipe/<name>.yaml (search_r1_local, igpo_web, drvenus_long), in
+# place of the preset; its tool server (backend, top-k) is the default (TOOL_BACKEND / TOOL_TOPK override). On the
+# CPU it is applied on top of the CPU demo (scale it down with overrides, as tests/test_recipes.py does).
 set -euo pipefail
 cd "$(dirname "$0")"
 ROOT="$(pwd)"
@@ -20,6 +23,10 @@ for arg in "$@"; do
     if [ "$arg" = "--dry-run" ]; then DRY_RUN=1; else ARGS+=("$arg"); fi
 done
 config_error() { echo "igpo: configuration error: $*" >&2; exit 2; }
+recipe_tools() {  # the recipe's tool server (backend, top-k), unless TOOL_BACKEND / TOOL_TOPK are set
+    read -r RECIPE_BACKEND RECIPE_TOPK < <("$PY" -m igpo.recipes tools "$IGPO_RECIPE") || exit 2
+    TOOL_BACKEND="${TOOL_BACKEND:-$RECIPE_BACKEND}" TOOL_TOPK="${TOOL_TOPK:-$RECIPE_TOPK}"
+}
 
 if [ -f .env ]; then set -a; . ./.env; set +a; fi
 
@@ -56,6 +63,11 @@ if [ "$GPUS" -gt 0 ]; then
     if [ "$DRY_RUN" = 1 ]; then IGPO_ENV="${IGPO_ENV:-cpu}"; else IGPO_ENV=gpu; fi
     export IGPO_ENV
     source scripts/env.sh
+    if [ -n "${IGPO_RECIPE:-}" ]; then
+        recipe_tools
+        PRESET="recipe $IGPO_RECIPE"
+        PRESET_ARGS=(recipe="$IGPO_RECIPE")
+    fi
     : "${MODEL_PATH:?MODEL_PATH is not set: the policy checkpoint (a local Hugging Face directory) to train}"
     TRAIN_FILE="${TRAIN_FILE:-$ROOT/data/train_nq_256.parquet}"
     VAL_FILE="${VAL_FILE:-$ROOT/data/qa_test_7src.parquet}"
@@ -79,8 +91,12 @@ else
     fi
     TRAIN_FILE="${TRAIN_FILE:-$ROOT/data/demo_train.parquet}"
     VAL_FILE="${VAL_FILE:-$ROOT/data/demo_val.parquet}"
-    TOOL_BACKEND="${TOOL_BACKEND:-local}"
     OVERRIDES=()
+    if [ -n "${IGPO_RECIPE:-}" ]; then
+        recipe_tools
+        OVERRIDES=(+recipe="$IGPO_RECIPE")  # cpu_demo.yaml has no recipe default: appended after it
+    fi
+    TOOL_BACKEND="${TOOL_BACKEND:-local}"
     echo "igpo: no GPU: running the CPU demo (configs/cpu_demo.yaml, tiny model at $MODEL_PATH)"
 fi
 
@@ -109,7 +125,7 @@ trap 'exit 130' INT TERM
 if [ -z "${TOOL_SERVER_URL:-}" ]; then
     TOOL_LOG="$RUN_DIR/tool_server.log"
     "$PY" -u -m tool_server --backend "$TOOL_BACKEND" --corpus "$ROOT/data/wiki_passages_1000.jsonl" \
-        --host 127.0.0.1 --port 0 --cache "$RUN_DIR/tool_cache.sqlite" > "$TOOL_LOG" 2>&1 &
+        --default-topk "${TOOL_TOPK:-5}" --host 127.0.0.1 --port 0 --cache "$RUN_DIR/tool_cache.sqlite" > "$TOOL_LOG" 2>&1 &
     TOOL_PID=$!
     for _ in $(seq 1 120); do
         TOOL_SERVER_URL=$(grep -o "http://127.0.0.1:[0-9]*" "$TOOL_LOG" | head -n 1 || true)

@@ -1,5 +1,9 @@
 """Evaluate a search agent on a QA test parquet: the igpo_agent loop + tool server, scored like the training reward.
 
+With --recipe NAME (configs/recipe/NAME.yaml) the run also writes comparison.md: our scores in the paper's table
+shape beside the published rows, with the recipe's corpus and its coverage caveat; the recipe's metric, turn limit
+and top-k are the defaults, and settings.json records the recipe.
+
 Writes into --out: results.md / results.csv (per data_source: n, EM, F1, judge, mean turns, mean tool calls, infra
 errors), traces.jsonl (one line per row), accuracy_by_source.png, turns_hist.png and settings.json (model, tools,
 judge, agent and sampling settings, data file + sha256, git commit). Rerunning with the same --out resumes: rows
@@ -42,7 +46,7 @@ from igpo.evaluation import (  # noqa: E402
 
 MAX_PRINTED_PROBLEMS = 50
 OUTPUT_FILES = ("traces.jsonl", "results.md", "results.csv", "accuracy_by_source.png", "turns_hist.png",
-                "settings.json")
+                "settings.json", "comparison.md")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -57,6 +61,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="comma-separated data_sources the file may contain; any other is reported as a bad row")
     p.add_argument("--skip-bad", action="store_true", help="evaluate the valid rows when some rows are bad")
     p.add_argument("--overwrite", action="store_true", help="delete this script's outputs in --out and start over")
+    p.add_argument("--recipe", default=None,
+                   help="a published setting (configs/recipe/NAME.yaml): its turn limit and top-k become the defaults, "
+                        "and comparison.md sets our scores beside the paper's table")
 
     model = p.add_mutually_exclusive_group(required=True)
     model.add_argument("--model-path", help="local Hugging Face checkpoint, generated with transformers")
@@ -69,10 +76,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     tools = p.add_mutually_exclusive_group(required=True)
     tools.add_argument("--tool-server", help="URL of a running tool_server")
     tools.add_argument("--corpus", type=Path, help="JSONL corpus: start a local BM25 tool server for this run")
-    p.add_argument("--topk", type=int, default=d.top_k, help="search results per query")
+    p.add_argument("--topk", type=int, default=None,
+                   help=f"search results per query (default: the recipe's, else {d.top_k})")
     p.add_argument("--tool-timeout-s", type=float, default=d.tool_timeout_s)
 
-    p.add_argument("--max-turns", type=int, default=d.max_turns)
+    p.add_argument("--max-turns", type=int, default=None, help=f"default: the recipe's, else {d.max_turns}")
     p.add_argument("--max-tokens-per-turn", type=int, default=d.max_tokens_per_turn)
     p.add_argument("--max-observation-tokens", type=int, default=d.max_observation_tokens)
     p.add_argument("--prompt-length", type=int, default=d.prompt_length)
@@ -95,7 +103,8 @@ def _csv(value: str | None) -> list[str] | None:
     return None if value is None else [s.strip() for s in value.split(",") if s.strip()]
 
 
-def build_config(args: argparse.Namespace) -> EvalConfig:
+def build_config(args: argparse.Namespace, recipe=None) -> EvalConfig:
+    d = EvalConfig()
     try:
         template_kwargs = json.loads(args.chat_template_kwargs)
     except ValueError as err:
@@ -107,12 +116,30 @@ def build_config(args: argparse.Namespace) -> EvalConfig:
     if args.endpoint and not args.tokenizer:
         raise EvalInputError("--endpoint needs --tokenizer (a local directory with the served model's tokenizer).")
     return EvalConfig(
-        max_turns=args.max_turns, max_tokens_per_turn=args.max_tokens_per_turn,
+        max_turns=args.max_turns or (recipe.eval_max_turns if recipe else d.max_turns),
+        max_tokens_per_turn=args.max_tokens_per_turn,
         max_observation_tokens=args.max_observation_tokens, prompt_length=args.prompt_length,
-        response_length=args.response_length, temperature=args.temperature, top_p=args.top_p, top_k=args.topk,
+        response_length=args.response_length, temperature=args.temperature, top_p=args.top_p,
+        top_k=args.topk or (recipe.tool_topk if recipe else d.top_k),
         concurrency=args.concurrency, tool_timeout_s=args.tool_timeout_s, judge=args.judge,
         progress_every=args.progress_every, chat_template_kwargs=template_kwargs,
     )
+
+
+def load_recipe_for(args: argparse.Namespace):
+    """The --recipe's setting, or None; a judge-scored recipe needs --judge (its table would otherwise be empty)."""
+    if args.recipe is None:
+        return None
+    from igpo.recipes import RecipeError, load_recipe
+
+    try:
+        recipe = load_recipe(args.recipe)
+    except RecipeError as err:
+        raise EvalInputError(f"--recipe: {err}") from None
+    if recipe.eval_metric == "judge" and not args.judge:
+        raise EvalInputError(f"--recipe {recipe.name} is scored by an LLM judge, as its paper is; add --judge "
+                             "(JUDGE_MODEL_NAME and JUDGE_API_BASE in the environment).")
+    return recipe
 
 
 def load_tokenizer(path: str):
@@ -185,7 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     started = time.perf_counter()
     try:
-        config = build_config(args)
+        recipe = load_recipe_for(args)
+        config = build_config(args, recipe)
         rows, problems = load_rows(args.data, limit_per_source=args.limit_per_source, sources=_csv(args.sources),
                                    allowed_sources=_csv(args.allowed_sources))
         if problems:
@@ -220,6 +248,7 @@ def main(argv: list[str] | None = None) -> int:
             "data_sha256": file_sha256(args.data),
             "data": {"path": str(args.data), "rows": len(rows), "bad_rows_skipped": len(problems),
                      "limit_per_source": args.limit_per_source, "sources": _csv(args.sources)},
+            "recipe": recipe.settings_record() if recipe else None,
             "concurrency": config.concurrency, "git_commit": git_commit(),
             "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         }
@@ -252,6 +281,12 @@ def main(argv: list[str] | None = None) -> int:
     table = summarize(records, config.judge, report.failed)
     md_path, _ = write_tables(table, settings, args.out)
     write_plots(records, table, args.out)
+    comparison = None
+    if recipe is not None:
+        from igpo.recipes import comparison_table
+
+        comparison = comparison_table(recipe, table)  # reads the per-source rows; its AVG is over the paper's sets
+        (args.out / "comparison.md").write_text(comparison + "\n", encoding="utf-8")
     from igpo.reward import judge_metrics
 
     settings.update({
@@ -265,6 +300,8 @@ def main(argv: list[str] | None = None) -> int:
     })
     write_settings(args.out, settings)
     print(md_path.read_text(encoding="utf-8"))
+    if comparison is not None:
+        print(comparison + "\n")
     if report.failed:
         distinct = sorted(set(report.failed.values()))
         print(f"evaluate: {len(report.failed)} row(s) failed and are not scored ({len(distinct)} distinct errors, "
