@@ -30,6 +30,9 @@ from pathlib import Path
 
 DATA_SOURCE = "demo_world"
 ABILITY = "multi-hop search"
+# The whole multi-turn response budget of the demo (rollout.response_length): two searches with their observations
+# and the answer must fit without the loop forcing the answer early (the agent loop's budget rule).
+RESPONSE_LENGTH = 768
 
 _ONSETS = ["b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "dr", "gr", "kr", "tr", "st",
            "th", "sh", "qu", "vr"]

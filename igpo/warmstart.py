@@ -707,9 +707,10 @@ def main() -> None:
     config = WarmStartConfig(max_steps=args.steps)
     world = None
     if args.world_seed is not None:
-        from igpo.demo_world import WorldConfig, build_world
+        from igpo.demo_world import RESPONSE_LENGTH, WorldConfig, build_world
 
         world = build_world(WorldConfig(seed=args.world_seed))
+        config = dataclasses.replace(config, response_length=RESPONSE_LENGTH)
     out = warm_start(args.base, args.corpus, args.out, seconds=args.seconds, seed=args.seed, config=config,
                      world=world)
     stamp = json.loads((Path(out) / STAMP).read_text())
