@@ -160,8 +160,13 @@ set +e
     | grep --line-buffered -E "step:[0-9]+ -|igpo: (configuration error|plan|note)|Error executing job" \
     | awk '!match($0, /step:[0-9]+ -/) { print; fflush(); next }
            { line = "igpo: " substr($0, RSTART, RLENGTH - 2)
-             n = split("critic/score/mean igpo/ig_active_ratio igpo/raw_ig_mean igpo/turns_mean timing_s/step", keys, " ")
-             for (i = 1; i <= n; i++) if (match($0, keys[i] ":[^ ]+")) line = line "  " substr($0, RSTART, RLENGTH)
+             n = split("critic/score/mean igpo/ig_active_ratio igpo/raw_ig_mean igpo/turns_mean val-core/all/f1 " \
+                       "timing_s/step", keys, " ")
+             for (i = 1; i <= n; i++) if (match($0, keys[i] ":[^ ]+")) {
+                 value = substr($0, RSTART + length(keys[i]) + 1, RLENGTH - length(keys[i]) - 1)
+                 if (value ~ /^-?[0-9.]+([eE][-+]?[0-9]+)?$/) value = sprintf("%.3g", value)
+                 line = line "  " keys[i] ":" value
+             }
              print line; fflush() }'
 STATUS=${PIPESTATUS[0]}
 set -e
@@ -172,6 +177,13 @@ if [ "$STATUS" -ne 0 ]; then
     exit "$STATUS"
 fi
 LAST=$(grep -o "step:[0-9]* - .*" "$LOG" | tail -n 1 || true)
+# Validation F1 over every held-out sample (val-core/all/f1): before the first step (step 0) and after the last.
+VAL=$(grep -o "step:[0-9]* - .*val-core/all/f1:[^ ]*" "$LOG" | sed -E 's/^step:([0-9]+) .*val-core\/all\/f1:([^ ]*).*/\1 \2/' || true)
+if [ -n "$VAL" ]; then
+    BEFORE=$(echo "$VAL" | awk '$1 == 0 { printf "%.3f", $2 }')
+    AFTER=$(echo "$VAL" | awk '$1 > 0 { v = $2 } END { if (v != "") printf "%.3f", v }')
+    echo "igpo: validation F1 before=${BEFORE:-n/a} after=${AFTER:-n/a}"
+fi
 echo "igpo: done. Summary of the last step:"
 for key in training/global_step critic/score/mean igpo/ig_active_ratio igpo/raw_ig_mean igpo/turns_mean \
            igpo/infra_errors actor/pg_loss actor/kl_loss timing_s/step; do

@@ -443,6 +443,17 @@ class IGPOTrainerSync(PPOTrainerSync):
         if "timing_s/igpo_scoring" in metrics and timing_raw.get("step"):
             metrics["igpo/scoring_step_share"] = metrics["timing_s/igpo_scoring"] / timing_raw["step"]
 
+    def _val_metrics_update(self, data_sources, sample_uids, reward_extra_infos_dict, sample_turns, *args, **kwargs):
+        """verl's per-data-source validation metrics, plus the mean over every validation sample (``val-core/all/f1``,
+        ``val-core/all/score``): the one number the launcher prints before and after training."""
+        metrics = super()._val_metrics_update(data_sources, sample_uids, reward_extra_infos_dict, sample_turns, *args,
+                                              **kwargs)
+        for key in ("f1", "score"):
+            values = reward_extra_infos_dict.get(key)
+            if values is not None and len(values):
+                metrics[f"val-core/all/{key}"] = float(np.mean(np.asarray(values, dtype=np.float64)))
+        return metrics
+
     @staticmethod
     def _rollout_metrics(extras: list[dict], num_turns: torch.Tensor) -> dict[str, float]:
         """Rollout health: infra errors (not the model's fault), forced finals, cut-offs, truncations, boundaries the
