@@ -187,7 +187,7 @@ fi
 echo "igpo: done. Summary of the last step:"
 for key in training/global_step critic/score/mean igpo/ig_active_ratio igpo/raw_ig_mean igpo/turns_mean \
            igpo/infra_errors actor/pg_loss actor/kl_loss timing_s/step; do
-    value=$(echo "$LAST" | grep -o "$key:[^ ]*" | head -n 1 | cut -d: -f2)
+    value=$(echo "$LAST" | grep -o "$key:[^ ]*" | head -n 1 | cut -d: -f2 || true)  # absent for grpo/infopo runs
     printf '  %-24s %s\n' "$key" "${value:-n/a}"
 done
 echo "igpo: full log $LOG"
