@@ -286,6 +286,10 @@ def main(argv: list[str] | None = None) -> int:
         from igpo.recipes import comparison_table
 
         comparison = comparison_table(recipe, table)  # reads the per-source rows; its AVG is over the paper's sets
+        # the recipe names the paper's corpus; say what this run searched, so a rehearsal is not read as a result
+        tools = settings["tools"]
+        comparison += (f"\nThis run's tools: backend `{tools.get('backend')}` at "
+                       f"`{tools.get('corpus') or tools.get('url')}`, top-k {tools.get('top_k')}.")
         (args.out / "comparison.md").write_text(comparison + "\n", encoding="utf-8")
     from igpo.reward import judge_metrics
 

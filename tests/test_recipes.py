@@ -195,6 +195,7 @@ def test_cpu_rehearsal_of_search_r1_local(tmp_path):
     comparison = (tmp_path / "eval" / "comparison.md").read_text()
     assert "| EM (%) | NQ | TriviaQA | PopQA | HotpotQA | 2Wiki | MuSiQue | Bamboogle | AVG |" in comparison
     assert re.search(r"\| \*\*ours\*\* \|( [0-9.]+ \|){7} [0-9.]+ \|", comparison), comparison
+    assert f"This run's tools: backend `retriever` at `{retriever.url}`, top-k 3." in comparison
     settings = json.loads((tmp_path / "eval" / "settings.json").read_text())
     assert settings["tools"]["backend"] == "retriever" and settings["tools"]["top_k"] == 3
     assert settings["agent"]["max_turns"] == 4
