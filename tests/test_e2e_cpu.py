@@ -87,6 +87,27 @@ def test_two_ranks_shard_actor_side_scoring_in_lockstep(tmp_path):
     assert len(diffs) == 2 and max(diffs) < 1e-3, diffs
 
 
+def test_train_igpo_sh_runs_infopo(tmp_path):
+    """adv_estimator=infopo on the same agent loop: the actor scores each observation's counterfactual, the factual
+    term comes from old_log_probs, and the infopo/* metrics are logged with no failed turn."""
+    env = {**os.environ, "OUTPUT_DIR": str(tmp_path / "run"), "IGPO_DEVICE": "cpu"}
+    env.pop("TOOL_SERVER_URL", None)
+    rc, out = _run(["bash", "train_igpo.sh", "trainer.total_training_steps=2", "algorithm.adv_estimator=infopo"],
+                   env, timeout=540)
+    log = (tmp_path / "run" / "train.log").read_text()
+    assert rc == 0, out[-4000:]
+    assert "InfoPO counterfactual information gain" in log and "reuses the actor's old_log_probs" in log, out[-3000:]
+
+    def values(key):
+        return [float(v) for v in re.findall(rf"infopo/{key}:([0-9.eE+-]+|nan)", log)]
+
+    assert len(values("gate_mean")) == 2 and all(0 < g <= 0.5 for g in values("gate_mean"))
+    assert max(values("scored_turns")) > 0, "no turn was scored"
+    assert values("failed_turns") == [0.0, 0.0]
+    assert min(values("counterfactual_tokens")) <= min(values("counterfactual_tokens_unshared"))
+    assert all(v == v for v in values("intrinsic_raw_std"))  # finite
+
+
 def test_missing_model_path_is_a_clear_error():
     env = {**os.environ, "VERL_PLATFORM": "cpu"}
     rc, out = _run([sys.executable, "-m", "igpo.main", "--config-name", "cpu_demo",
