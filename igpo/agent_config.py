@@ -58,6 +58,10 @@ class AgentLoopConfig:
     the remaining ones are told to answer at their next turn and flagged ``igpo_cutoff``. 1.0 = off."""
     max_concurrent_trajectories: int = 256
     """Trajectories running at once per rollout worker process (0 = unlimited)."""
+    require_think: bool = False
+    """Format rule of every turn (``igpo_turn_format_ok``, hence the format penalty): a turn without ``<think>`` is
+    malformed. Off by default (small models prompted without a thinking template may not think); the reference
+    (DR-Venus ``format_checker.py``) penalises such turns: True."""
 
     def __post_init__(self):
         if self.tool_server_url is not None and not (

@@ -61,6 +61,7 @@ EXTRA_FIELD_KEYS = (
     "igpo_turn_ends", "igpo_boundaries", "igpo_tool_names", "igpo_tool_status", "igpo_turn_format_ok",
     "igpo_num_turns", "igpo_infra_errors", "igpo_forced_final", "igpo_cutoff", "igpo_truncated", "igpo_retries",
     "igpo_final_turn_text", "igpo_final_answer", "igpo_answer_logprobs", "igpo_stop_reason", "igpo_eos_appended",
+    "igpo_empty_turns",
     "igpo_scoring_errors", "igpo_context_overflow", "igpo_answer_seen", "igpo_error", "igpo_question", "min_global_steps",
     "max_global_steps", "turn_scores", "tool_rewards",
 )
@@ -297,6 +298,7 @@ class _Trajectory:
     truncated: bool = False
     retries: int = 0
     eos_appended: int = 0
+    empty_turns: int = 0
     observations: int = 0
     final_turn_text: str = ""
     final_answer: str | None = None
@@ -456,12 +458,19 @@ class IGPOAgentLoop(AgentLoopBase):
                 # The policy did not sample this token, so it is not trained on (mask 0).
                 traj.append([frame.eot_id], False)
                 traj.eos_appended += 1
+            if not ids:
+                # An empty generation (an abort) has no token of its own: its turn ends on the untrained end-of-turn
+                # token just appended, never on the previous observation (or -1 for a first turn). The trainer keeps
+                # its rewards as positions outside the loss mask and counts it (igpo/empty_turns).
+                traj.turn_ends[-1] = len(traj.context) - traj.prompt_len - 1
+                traj.empty_turns += 1
             traj.final_turn_text = text
 
             if reason is not None or parsed.kind == "answer":
                 traj.tool_names.append(None)
                 traj.tool_status.append("answer" if parsed.kind == "answer" else "none")
-                traj.format_ok.append(check_answer_turn(text, think_prefilled=frame.think_prefilled))
+                traj.format_ok.append(check_answer_turn(text, think_prefilled=frame.think_prefilled,
+                                                        require_think=cfg.require_think))
                 traj.final_answer = parsed.answer if parsed.kind == "answer" else None
                 traj.stop_reason = reason or "answer"
                 traj.truncated = traj.truncated or not ended
@@ -470,7 +479,8 @@ class IGPOAgentLoop(AgentLoopBase):
             name, status, content = await self._act(traj, parsed, seen_calls, j)
             traj.tool_names.append(name)
             traj.tool_status.append(status)
-            traj.format_ok.append(check_tool_turn(text, think_prefilled=frame.think_prefilled))
+            traj.format_ok.append(check_tool_turn(text, think_prefilled=frame.think_prefilled,
+                                                  require_think=cfg.require_think))
 
             # Decide whether turn j+1 must be the final one, then close turn j with its observation.
             after_turn = len(traj.context)
@@ -708,6 +718,7 @@ class IGPOAgentLoop(AgentLoopBase):
             "igpo_answer_logprobs": traj.answer_logprobs if self.settings.info_gain is not None else [],
             "igpo_stop_reason": traj.stop_reason if traj.error is None else "error",
             "igpo_eos_appended": traj.eos_appended,
+            "igpo_empty_turns": traj.empty_turns,
             "igpo_scoring_errors": traj.scoring_errors,
             "igpo_context_overflow": traj.context_overflow,
             # Per tool turn whose observation was appended; empty when the sample has no usable ground truth.

@@ -6,12 +6,17 @@ so a typo such as ``algorithm.igpo.norm_mod=joint`` fails at start-up instead of
 
 | component | dataclass | keys |
 |---|---|---|
-| information gain | ``igpo.core.info_gain.InfoGainConfig`` | info_gain_type, ig_tool_filter, ig_compute_freq, use_format_penalty, format_penalty_scale, answer_alias |
+| information gain | ``igpo.core.info_gain.InfoGainConfig`` | info_gain_type, ig_tool_filter, ig_compute_freq, use_format_penalty, format_penalty_scale, format_penalty_mode, answer_alias |
 | advantage | ``igpo.core.advantage.AdvantageConfig`` | norm_mode, ig_weight, adaptive_gamma_min_weight, norm_order, norm_group, epsilon, scale_floor, scale_cap (+ algorithm.gamma, algorithm.norm_adv_by_std_in_grpo) |
-| curriculum | ``igpo.core.advantage.CurriculumConfig`` | use_curriculum, curriculum_{f1,ig}_{init,final} |
-| warm-up gate | ``IGPOConfig`` | ig_warmup_threshold, ig_warmup_ema_alpha |
+| curriculum | ``igpo.core.advantage.CurriculumConfig`` | use_curriculum, curriculum_{f1,ig}_{init,final}, curriculum_scope |
+| warm-up gate | ``IGPOConfig`` | ig_warmup_threshold, ig_warmup_ema_alpha, ig_warmup_timing |
 | scoring | ``IGPOConfig`` + ``igpo.agent_config.RolloutScoringConfig`` | score_on, verify_scoring, answer_template_prefix, answer_template_suffix |
 | agent loop | ``igpo.agent_config.AgentLoopConfig`` | the ``agent`` sub-section |
+
+Keys of the reference system (DR-Venus sets them directly under ``algorithm``, e.g. ``algorithm.info_gain_norm_mode``)
+are refused with the name of our key (``refuse_reference_keys``): the ``grpo_info_gain`` alias accepts the reference's
+estimator name, never silently its settings. ``configs/fidelity/reference_drvenus.yaml`` (``+fidelity=reference_drvenus``)
+reproduces the reference's training signal.
 
 InfoPO (``algorithm.adv_estimator=infopo``) reads its own section, ``algorithm.infopo``, into
 ``igpo.core.infopo.InfoPOConfig`` (``infopo_config_from_algorithm``; unknown keys refused the same way).
@@ -24,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from igpo.agent_config import AgentLoopConfig, RolloutScoringConfig, _plain
-from igpo.core.advantage import AdvantageConfig, CurriculumConfig
+from igpo.core.advantage import WARMUP_TIMINGS, AdvantageConfig, CurriculumConfig
 from igpo.core.info_gain import InfoGainConfig
 from igpo.core.infopo import InfoPOConfig
 
@@ -35,9 +40,32 @@ _CURRICULUM_KEYS = {
     "curriculum_f1_final": "f1_final",
     "curriculum_ig_init": "ig_init",
     "curriculum_ig_final": "ig_final",
+    "curriculum_scope": "scope",
 }
 _OWN_KEYS = ("score_on", "verify_scoring", "answer_template_prefix", "answer_template_suffix",
-             "ig_warmup_threshold", "ig_warmup_ema_alpha", "agent")
+             "ig_warmup_threshold", "ig_warmup_ema_alpha", "ig_warmup_timing", "agent")
+
+# DR-Venus' algorithm-level keys (RL/verl/trainer/config/algorithm.py) -> what replaces each here.
+_SAME_NAME = ("ig_weight", "adaptive_gamma_min_weight", "info_gain_type", "ig_compute_freq", "ig_tool_filter",
+              "use_format_penalty", "format_penalty_scale", "ig_warmup_threshold", "ig_warmup_ema_alpha",
+              "use_curriculum", "curriculum_f1_init", "curriculum_f1_final", "curriculum_ig_init", "curriculum_ig_final")
+REFERENCE_KEYS = {
+    **{key: f"algorithm.igpo.{key}" for key in _SAME_NAME},
+    "info_gain_norm_mode": "algorithm.igpo.norm_mode",
+    "use_info_gain": "algorithm.adv_estimator=igpo (true) or grpo (false)",
+    "use_vectorized_gt_logprob": "algorithm.igpo.score_on=actor (one packed scoring pass replaces it)",
+    "use_kv_cache_ig": "algorithm.igpo.score_on=actor (one packed scoring pass replaces it)",
+}
+
+
+def refuse_reference_keys(algorithm: Mapping[str, Any]) -> None:
+    """Raise when the ``algorithm`` section holds a DR-Venus key: reading it would need a mapping that could drift,
+    and ignoring it would train with our default while the user believes the reference's value is in force."""
+    found = [key for key in REFERENCE_KEYS if algorithm.get(key, None) is not None]
+    if found:
+        fixes = "; ".join(f"algorithm.{key} -> {REFERENCE_KEYS[key]}" for key in found)
+        raise ValueError(f"reference (DR-Venus) configuration key(s) {found} are not read by igpo; replace them: "
+                         f"{fixes}. For the reference's whole training signal add +fidelity=reference_drvenus.")
 
 
 def _fields(cls) -> tuple[str, ...]:
@@ -66,6 +94,7 @@ _ADVANTAGE_KEYS = tuple(k for k in _fields(AdvantageConfig) if k not in ("gamma"
 def advantage_config_from_algorithm(algorithm: Mapping[str, Any]) -> AdvantageConfig:
     """``AdvantageConfig`` from verl's ``algorithm`` config: ``algorithm.igpo.<field>`` (other keys of the section are
     ignored here, None keeps the default), plus ``algorithm.gamma`` and ``algorithm.norm_adv_by_std_in_grpo``."""
+    refuse_reference_keys(algorithm)
     section = _plain(algorithm.get("igpo", None))
     values = {k: section[k] for k in _ADVANTAGE_KEYS if section.get(k) is not None}
     if algorithm.get("gamma", None) is not None:
@@ -91,16 +120,22 @@ class IGPOConfig:
     verify_scoring: bool = False
     ig_warmup_threshold: float = 0.0
     ig_warmup_ema_alpha: float = 0.1
+    # Whether step t's own outcome can open the gate (igpo.core.advantage.WarmupGate documents both).
+    ig_warmup_timing: str = "update_then_decide"
 
     def __post_init__(self):
         if self.score_on not in SCORE_ON:
             raise ValueError(f"algorithm.igpo.score_on={self.score_on!r} is unknown; use one of {SCORE_ON}.")
+        if self.ig_warmup_timing not in WARMUP_TIMINGS:
+            raise ValueError(f"algorithm.igpo.ig_warmup_timing={self.ig_warmup_timing!r} is unknown; use one of "
+                             f"{WARMUP_TIMINGS}.")
         if not 0.0 < self.ig_warmup_ema_alpha <= 1.0:
             raise ValueError(f"algorithm.igpo.ig_warmup_ema_alpha={self.ig_warmup_ema_alpha} must be in (0, 1].")
 
     @classmethod
     def from_algorithm(cls, algorithm: Mapping[str, Any]) -> "IGPOConfig":
         """Build from verl's ``algorithm`` config; unknown ``algorithm.igpo`` keys raise with the list of known ones."""
+        refuse_reference_keys(algorithm)
         section = _plain(algorithm.get("igpo", None))
         info_keys = _fields(InfoGainConfig)
         known = set(info_keys) | set(_ADVANTAGE_KEYS) | set(_CURRICULUM_KEYS) | set(_OWN_KEYS)
@@ -112,8 +147,8 @@ class IGPOConfig:
         advantage = advantage_config_from_algorithm(algorithm)
         curriculum = CurriculumConfig(**_coerce(CurriculumConfig, {
             field: section[key] for key, field in _CURRICULUM_KEYS.items() if key in section}))
-        own = {k: section[k] for k in ("score_on", "verify_scoring", "ig_warmup_threshold", "ig_warmup_ema_alpha")
-               if k in section}
+        own = {k: section[k] for k in ("score_on", "verify_scoring", "ig_warmup_threshold", "ig_warmup_ema_alpha",
+                                       "ig_warmup_timing") if k in section}
         for key in ("ig_warmup_threshold", "ig_warmup_ema_alpha"):
             if key in own:
                 own[key] = float(own[key])

@@ -7,8 +7,13 @@ at the last valid token, IG at the other non-zero valid tokens), so an IG of exa
 mode calls ``igpo.core.advantage.advantage_at_boundaries`` with the reward positions the rollout recorded instead.
 
 Knobs are read from ``algorithm.igpo.<AdvantageConfig field>`` (missing keys keep their defaults), plus
-``algorithm.gamma`` and ``algorithm.norm_adv_by_std_in_grpo``. The metrics of the last call are left in the
-module-level ``last_metrics`` dict for the trainer (same process) to pop and log.
+``algorithm.gamma`` and ``algorithm.norm_adv_by_std_in_grpo``; the reference's own keys (``algorithm.ig_weight``,
+``algorithm.info_gain_norm_mode``, ...) are refused with the name of ours (``igpo.config.refuse_reference_keys``).
+Stock verl drops an estimator's metrics; the igpo_sync trainer mode logs them.
+
+A non-zero reward on a token outside ``response_mask`` is an error: the reference put IG on the ``<|im_end|>`` that
+closes each observation, with every response token in its mask; under stock verl observation tokens are masked, so
+such an IG would be silently lost.
 
 ``algorithm.adv_estimator=infopo`` is registered too, so verl's and our start-up checks know the name; its advantage
 (igpo.core.infopo) is computed by the igpo_sync trainer mode, and the registered function only says so if called.
@@ -26,10 +31,6 @@ from igpo.core.advantage import compute_igpo_advantage, masks_from_token_rewards
 
 ESTIMATOR_NAMES = ("igpo", "grpo_info_gain")
 INFOPO_NAMES = ("infopo",)
-
-last_metrics: dict[str, float] = {}
-"""``igpo/*`` metrics of the most recent estimator call; the trainer mode pops them after ``compute_advantage``."""
-
 
 def _group_ids(index: Any, batch_size: int) -> torch.Tensor:
     """Map uids (any hashable: str, int, ...) to dense integer group ids, in order of first appearance."""
@@ -55,13 +56,24 @@ def igpo_advantage(
     cfg = advantage_config_from_algorithm(config)
     group = _group_ids(index, token_level_rewards.shape[0])
     mask = response_mask.bool()
+    _refuse_masked_rewards(token_level_rewards, mask)
     outcome_mask, ig_mask = masks_from_token_rewards(token_level_rewards, mask)
-    advantages, returns, metrics = compute_igpo_advantage(
+    advantages, returns, _ = compute_igpo_advantage(
         token_level_rewards, outcome_mask, ig_mask, mask, group.to(token_level_rewards.device), cfg
     )
-    last_metrics.clear()
-    last_metrics.update(metrics)
     return advantages, returns
+
+
+def _refuse_masked_rewards(token_level_rewards: torch.Tensor, mask: torch.Tensor) -> None:
+    """Raise when a reward sits where the advantage cannot see it (module docstring)."""
+    lost = (token_level_rewards != 0) & ~mask
+    if bool(lost.any()):
+        row, token = (int(v) for v in lost.nonzero()[0])
+        raise ValueError(
+            f"{int(lost.sum())} non-zero reward(s) lie on tokens outside response_mask (first: row {row}, token "
+            f"{token}), e.g. IG placed reference-style on an observation's end token, which stock verl masks. They "
+            "would be silently dropped. Place each turn's IG on the turn's last generated token, or use the igpo_sync "
+            "trainer mode (trainer.v1.trainer_mode=igpo_sync), which places rewards from the recorded turn ends.")
 
 
 def infopo_advantage(token_level_rewards: torch.Tensor, response_mask: torch.Tensor, **unused: Any):

@@ -10,11 +10,16 @@ gold aliases:
               = EM(p, A)        train_reward_type = "em"
               = R_judge(p, A)   train_reward_type = "llm"  (1 if the LLM judge says correct, else 0)
 
-A trajectory without an ``<answer>`` (or with an empty one) scores 0 under F1/EM and is judged incorrect without a
-request. When the judge
-gives no verdict, R_outcome = F1(p, A), the sample reports ``judge_failed=1`` and the judge logs a warning -- never a
+A trajectory without an ``<answer>`` scores ``missing_answer_score`` under F1/EM (0 by default; an empty answer
+scores 0) and is judged incorrect without a request. When the judge gives no verdict, R_outcome = F1(p, A) (or
+``judge_failure_score`` when set), the sample reports ``judge_failed=1`` and the judge logs a warning -- never a
 silent 0 (``judge_metrics()`` has the counters). Optionally a malformed final turn (``turn_format``) replaces
 R_outcome by ``-answer_format_penalty`` (igpo.md §1.5; off by default so the IGPO estimator can decide).
+
+The reference system's outcome (DR-Venus, igpo.md §6) is ``f1_normalization="reference"``,
+``missing_answer_score=-2.0``, ``tag_balance_gate=True``, ``answer_pick="first"``, ``judge_failure_score=0.0``,
+``require_think=True`` (configs/fidelity/reference_drvenus.yaml sets them). It scans only the final turn, not the
+whole response with the tool outputs as the reference did (igpo.md §10 item 9, a bug not reproduced).
 
 Every sample returns the same keys: score, f1, em, judge (nan unless the judge gave a verdict), judge_failed,
 format_ok.
@@ -30,11 +35,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from igpo.core.ground_truth import parse_ground_truth
-from igpo.core.outcome import AnswerScores, score_answer
-from igpo.core.turn_format import check_answer_turn, extract_answer, final_turn_text
+from igpo.core.outcome import F1_NORMALIZATIONS, AnswerScores, score_answer
+from igpo.core.turn_format import check_answer_turn, extract_answer, extract_first_answer, final_turn_text, \
+    tags_balanced
 from igpo.judge import JudgeConfig, LLMJudge
 
 REWARD_TYPES = ("f1", "em", "llm")
+ANSWER_PICKS = ("last", "first")
 FINAL_TURN_KEY = "igpo_final_turn_text"
 """extra_info key under which the agent loop stores the final assistant turn's text."""
 THINK_PREFILLED_KEY = "igpo_think_prefilled"
@@ -62,6 +69,24 @@ class OutcomeRewardConfig:
     """When set, a final turn that breaks the answer-turn format scores ``-answer_format_penalty``."""
     think_prefilled: bool = False
     """The generation prompt ends with ``<think>`` (Qwen3 thinking templates), so the turn text lacks it."""
+    require_think: bool = False
+    """The answer-turn format check (``answer_format_penalty``) refuses a turn without ``<think>`` (reference: True).
+    Off by default: small models prompted without a thinking template answer well without thinking."""
+    f1_normalization: str = "squad"
+    """``squad`` (drop punctuation and articles; comparable with published EM/F1) | ``reference`` (punctuation ->
+    space, articles kept, DR-Venus' training F1). Changes F1 and EM (igpo.core.outcome docstring has examples)."""
+    missing_answer_score: float = 0.0
+    """F1/EM score of a final turn without ``<answer>...</answer>``. 0: no answer earns what a wrong one earns (ours;
+    the answer-format penalty, when on, already punishes the form). Reference: -2.0 (worse than a wrong answer)."""
+    tag_balance_gate: bool = False
+    """F1/EM: a final turn whose code/tool_call/think/answer tags are unbalanced scores ``missing_answer_score``
+    (reference: True; it applied the gate to the whole response including tool text, igpo.md §10 item 9)."""
+    answer_pick: str = "last"
+    """Which ``<answer>`` of the final turn is scored: ``last`` (ours: a model that corrects itself is scored on its
+    correction) | ``first`` (reference)."""
+    judge_failure_score: float | None = None
+    """Score when the judge gives no verdict. None: fall back to F1 (ours: a judge outage does not zero the batch's
+    reward); reference: 0.0."""
 
     def __post_init__(self) -> None:
         if self.train_reward_type not in REWARD_TYPES:
@@ -76,6 +101,14 @@ class OutcomeRewardConfig:
                 "reward_kwargs.judge.api_key is set in the config; put the key in JUDGE_API_KEY (or API_KEY) in .env "
                 "so it never lands in configs or logs."
             )
+        if self.f1_normalization not in F1_NORMALIZATIONS:
+            raise ValueError(f"f1_normalization={self.f1_normalization!r} is unknown; use one of {F1_NORMALIZATIONS}.")
+        if self.answer_pick not in ANSWER_PICKS:
+            raise ValueError(f"answer_pick={self.answer_pick!r} is unknown; use one of {ANSWER_PICKS}.")
+        for name in ("missing_answer_score", "judge_failure_score"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, (int, float)) and math.isfinite(value)):
+                raise ValueError(f"{name}={value!r} must be a finite number (reference: -2.0 and 0.0).")
         if self.answer_format_penalty is not None and not self.answer_format_penalty >= 0:
             raise ValueError(
                 f"answer_format_penalty={self.answer_format_penalty!r} must be >= 0 (the score becomes its negative)."
@@ -178,21 +211,24 @@ async def compute_score(
     elif not isinstance(turn, str):
         raise TypeError(f"extra_info[{FINAL_TURN_KEY!r}] is a {type(turn).__name__}; the agent loop must store a str.")
 
-    answer = extract_answer(turn)
+    answer = extract_first_answer(turn) if config.answer_pick == "first" else extract_answer(turn)
     think_prefilled = extra_info.get(THINK_PREFILLED_KEY, config.think_prefilled)
-    format_ok = check_answer_turn(turn, think_prefilled=bool(think_prefilled))
+    format_ok = check_answer_turn(turn, think_prefilled=bool(think_prefilled), require_think=config.require_think)
     # An empty answer earns nothing even when an alias normalises to "" (e.g. "The"), where SQuAD would say 1.
-    scores = score_answer(answer, aliases) if answer else AnswerScores(em=0.0, f1=0.0)
+    scores = score_answer(answer, aliases, config.f1_normalization) if answer else AnswerScores(em=0.0, f1=0.0)
+    missing = answer is None or (config.tag_balance_gate and not tags_balanced(turn.lower()))
 
     judge, judge_failed = math.nan, 0.0
     if reward_type == "llm":
         verdict = await get_judge(config).judge(_question(extra_info), answer or "", aliases)
         if verdict.correct is None:
             judge_failed = 1.0
-            score = scores.f1
+            score = scores.f1 if config.judge_failure_score is None else float(config.judge_failure_score)
         else:
             judge = float(verdict.correct)
             score = judge
+    elif missing:
+        score = float(config.missing_answer_score)
     else:
         score = scores.f1 if reward_type == "f1" else scores.em
 

@@ -45,8 +45,8 @@ from igpo.core.infopo import ContinuationRequest, InfoPOInputs, infopo_advantage
 from igpo.core.ground_truth import answer_probes
 from igpo.core.scoring import validate_request
 from igpo.core.advantage import WarmupGate, advantage_at_boundaries, curriculum_weights, last_response_token
-from igpo.core.info_gain import ig_by_answer_seen, reduce_alias_logprobs, scored_boundaries, turn_boundaries, \
-    turn_format_penalty, turn_information_gain
+from igpo.core.info_gain import ig_by_answer_seen, penalty_into_ig_pool, reduce_alias_logprobs, scored_boundaries, \
+    turn_boundaries, turn_format_penalty, turn_information_gain
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +71,8 @@ def _turn_tensors(extras: list[dict], length: int, alias_mode: str):
     tool_names: list[list[str | None]] = []
     for i, e in enumerate(extras):
         n = num_turns[i]
-        ends = list(e.get("igpo_turn_ends") or [])[:n] if n else []
+        # An end of -1 is an empty first turn recorded by an older loop: its end-of-turn token is response token 0.
+        ends = [max(int(end), 0) for end in list(e.get("igpo_turn_ends") or [])[:n]] if n else []
         inside = [end < length for end in ends]
         n = len(ends) if all(inside) else inside.index(False)
         num_turns[i] = n
@@ -124,7 +125,8 @@ class IGPOTrainerSync(PPOTrainerSync):
         if config.algorithm.get("use_kl_in_reward", False):
             raise ValueError("algorithm.use_kl_in_reward=true puts a reward on every token, which breaks IGPO's "
                              "turn rewards; use actor_rollout_ref.actor.use_kl_loss=true instead.")
-        self.warmup = WarmupGate(self.igpo.ig_warmup_threshold, self.igpo.ig_warmup_ema_alpha)
+        self.warmup = WarmupGate(self.igpo.ig_warmup_threshold, self.igpo.ig_warmup_ema_alpha,
+                                 self.igpo.ig_warmup_timing)
 
     def _init_resource_pool_mgr(self):
         """verl's worker layout, with the actor role served by our subclass (it adds the answer-scoring method)."""
@@ -272,12 +274,19 @@ class IGPOTrainerSync(PPOTrainerSync):
 
         # The reference replaces the outcome by the answer-format penalty when the final answer is malformed.
         outcome = torch.where(answer_penalty != 0, answer_penalty, outcome)
-        bounds = turn_boundaries(ig, ig_turn_mask & tool_turn, torch.where(tool_turn, penalty[:, :-1], 0.0),
-                                 turn_ends[:, :-1], outcome, last, response_mask)
+        ig_turn_mask = ig_turn_mask & tool_turn
+        tool_penalty = torch.where(tool_turn, penalty[:, :-1], 0.0)
+        if self.igpo.info_gain.format_penalty_mode == "in_ig_pool":
+            ig, ig_turn_mask, tool_penalty = penalty_into_ig_pool(ig, ig_turn_mask, tool_penalty)
+        bounds = turn_boundaries(ig, ig_turn_mask, tool_penalty, turn_ends[:, :-1], outcome, last, response_mask)
 
-        w_outcome, w_ig = curriculum_weights(self.global_steps, self.total_training_steps, self.igpo.curriculum)
+        w_outcome, w_ig = curriculum_weights(self.global_steps, self.total_training_steps, self.igpo.curriculum,
+                                             ig_active=gate_open)
+        # Empty turns (aborted generations) end on untrained tokens; their rewards still count (masked_turns_ok).
         advantages, returns, adv_metrics = advantage_at_boundaries(
-            bounds, response_mask, group, self.igpo.advantage, outcome_weight=w_outcome, ig_weight_schedule=w_ig)
+            bounds, response_mask, group, self.igpo.advantage, outcome_weight=w_outcome, ig_weight_schedule=w_ig,
+            masked_turns_ok=True)
+        metrics["igpo/empty_turns"] = float(sum(int(e.get("igpo_empty_turns", 0) or 0) for e in extras))
 
         metrics.update(adv_metrics)
         metrics.update({f"igpo/{k}": v for k, v in ig_stats.items()})

@@ -41,7 +41,6 @@ def test_stock_compute_advantage_matches_reference(name, mode):
     ref = reference_advantage(rewards, F, I, m, group, norm_mode=mode, gamma=0.8)
     assert (out.batch["advantages"].double() - ref).abs().max() <= 1e-5
     assert torch.equal(out.batch["advantages"], out.batch["returns"])
-    assert estimator.last_metrics["igpo/ig_total_positions"] == I.sum().item()
 
 
 def test_config_mapping_and_defaults():

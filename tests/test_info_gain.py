@@ -148,14 +148,16 @@ def test_turn_boundaries_place_ig_penalty_and_outcome():
     penalty = torch.tensor([[0.0, 0.0, -1.0], [-1.0, 0.0, -1.0]])
     ends = torch.tensor([[0, 3, 4], [0, 4, 5]])
     m = torch.ones(2, 6, dtype=torch.bool)
-    m[1, 4] = False  # row 1's second turn ends on a masked token: dropped
+    # Row 1's second turn ends on an untrained token (an empty turn): it stays a reward position, outside the mask.
+    m[1, 4] = False
     b = turn_boundaries(ig, ig_mask, penalty, ends, torch.tensor([1.0, 0.0]), torch.tensor([5, 5]), m)
-    assert b.flat.tolist() == [0, 3, 4, 5, 6, 11]
-    assert b.K.tolist() == [4, 2]
-    assert b.r.tolist() == [0.0, 0.5, 0.0, 1.0, 0.0, 0.0]  # the zero IG at token 0 keeps its position
-    assert b.is_i.tolist() == [True, True, False, False, False, False]
-    assert b.is_f.tolist() == [False, False, False, True, False, True]
-    assert b.pen.tolist() == [0.0, 0.0, -1.0, 0.0, -1.0, -1.0]  # row 1's turn on the outcome token: penalty joins
+    assert b.flat.tolist() == [0, 3, 4, 5, 6, 10, 11]
+    assert b.K.tolist() == [4, 3]
+    assert b.r.tolist() == [0.0, 0.5, 0.0, 1.0, 0.0, 2.0, 0.0]  # the zero IG at token 0 keeps its position
+    assert b.is_i.tolist() == [True, True, False, False, False, True, False]
+    assert b.is_f.tolist() == [False, False, False, True, False, False, True]
+    assert b.pen.tolist() == [0.0, 0.0, -1.0, 0.0, -1.0, 0.0, -1.0]  # row 1's turn on the outcome token: penalty joins
+    assert b.in_mask.tolist() == [True] * 5 + [False, True]
     with pytest.raises(ValueError, match=r"\[0, 6\)"):
         turn_boundaries(ig, ig_mask, penalty, ends + 3, torch.zeros(2), torch.tensor([5, 5]), m)
     for bad_ends in ([[1, 1, 2], [0, 1, 2]], [[0, 3, 4], [5, 5, 1]]):  # two turns on one token (also the outcome's)
@@ -182,6 +184,11 @@ def test_turn_boundaries_give_the_advantage_of_the_dense_tensors():
     ends[3] = torch.linspace(0, int(outcome_pos[3]), T).long()  # its last tool turn ends on the outcome token
     outcome = torch.rand(B, generator=gen).round()
     group = torch.arange(B) // 4
+    # Turn entries on untrained tokens are reward positions the dense tensors cannot carry (the dense entry refuses
+    # them); compare on the turns that end on trained tokens.
+    inside = m.gather(1, ends)
+    ig_mask &= inside
+    penalty = torch.where(inside, penalty, 0.0)
     b = turn_boundaries(ig, ig_mask, penalty, ends, outcome, outcome_pos, m)
     cfg = AdvantageConfig(norm_group="group_turn")
     adv, _, metrics = advantage_at_boundaries(b, m, group, cfg)

@@ -35,7 +35,7 @@ from torch import Tensor
 from igpo.core.token_passes import Boundaries, find_boundaries, spread, token_reward_masks
 
 NORM_MODES = ("joint", "separate", "scaled_separate", "raw_ig")
-NORM_ORDERS = ("before_discount", "after_discount")
+NORM_ORDERS = ("before_discount", "after_discount", "original_code")
 NORM_GROUPS = ("group", "group_turn")
 
 
@@ -58,10 +58,16 @@ class AdvantageConfig:
     ig_weight: multiplier of normalized IG rewards (raw_ig: applied before adding the outcome term).
     adaptive_gamma_min_weight: w in [0, 1); w > 0 sets γ_i = w^(1/K_i) per trajectory (disabled in raw_ig).
     epsilon: ε added to σ.
-    norm_order: ``before_discount`` (paper order; DR-Venus) z-scores rewards then discounts. ``after_discount``
-        reproduces the originally released IGPO code (GuoqingWang1/IGPO#5): discount raw rewards into per-boundary
-        returns, then z-score the returns with the same mode and broadcast them without a second discount. Only for
-        reproducing old runs.
+    norm_order: ``before_discount`` (paper order; DR-Venus) z-scores rewards then discounts.
+        ``after_discount`` (ours, not any released code): discount raw rewards into per-boundary returns (γ, turn
+        level), z-score the returns with ``norm_mode`` and broadcast them without a second discount; penalties are
+        added after. An experiment on the order question of GuoqingWang1/IGPO#5.
+        ``original_code``: exactly the originally released IGPO code (GuoqingWang1/IGPO ``core_algos.py`` at
+        bdceb82, ``compute_grpo_outcome_advantage``): token-level return-to-go with γ = 1 over the raw rewards
+        (IG + outcome + penalties), cut where the next token is outside ``response_mask`` (G_t = r_t + m_{t+1}·G_{t+1}),
+        minus the mean of G at the same token index over the rollouts of the prompt group (no std division, no
+        ε); A = (G − mean) · m. norm_mode, gamma, norm_adv_by_std, ig_weight, adaptive γ, norm_group and the
+        curriculum weights do not apply. Only for reproducing the paper's first runs.
     norm_group: ``group`` pools all positions of a prompt group (reference; long trajectories dominate μ/σ of IG).
         ``group_turn`` z-scores the k-th IG position of each rollout against the k-th IG positions of the other
         rollouts of the prompt (against the depth bias, A²TGPO-style); outcome stays pooled per group.
@@ -87,6 +93,9 @@ class AdvantageConfig:
             raise ValueError(f"norm_order={self.norm_order!r} is unknown; use one of {NORM_ORDERS}.")
         if self.norm_group not in NORM_GROUPS:
             raise ValueError(f"norm_group={self.norm_group!r} is unknown; use one of {NORM_GROUPS}.")
+        if self.norm_order == "original_code" and self.norm_group != "group":
+            raise ValueError("norm_order='original_code' normalizes per token index, not per boundary; norm_group="
+                             f"{self.norm_group!r} does not apply. Use norm_group='group' with it.")
         if self.norm_mode == "joint" and self.norm_group == "group_turn":
             raise ValueError("norm_group='group_turn' is not defined for norm_mode='joint' (outcome and IG share one "
                              "pool); use norm_mode='separate' or 'scaled_separate' with it, or norm_group='group'.")
@@ -144,7 +153,7 @@ def _check_group_and_weights(B: int, group: Tensor, outcome_weight: float, ig_we
 
 
 def _check_positions(r: np.ndarray, is_f: np.ndarray, is_i: np.ndarray, in_mask: np.ndarray, pen: np.ndarray | None,
-                     rows: np.ndarray, B: int) -> None:
+                     rows: np.ndarray, B: int, masked_turns_ok: bool = False) -> None:
     """Value checks on the reward positions only (gathered, so they cost O(#boundaries), not O(B·L))."""
     if not np.isfinite(r[is_f | is_i]).all():
         raise ValueError("rewards contain NaN or inf at outcome/IG positions; a failed reward must be handled "
@@ -154,9 +163,11 @@ def _check_positions(r: np.ndarray, is_f: np.ndarray, is_i: np.ndarray, in_mask:
     if (is_f & is_i).any():
         raise ValueError("a token is marked both outcome and IG (outcome_mask and ig_mask overlap); a token carries "
                          "either the outcome or an IG reward.")
-    if not in_mask.all():
+    if not (in_mask | (~is_f if masked_turns_ok else False)).all():
         raise ValueError("a reward position lies outside response_mask; outcome, IG and penalty positions must be "
-                         "valid response tokens.")
+                         "valid response tokens. An IG placed reference-style on an observation's end token is lost "
+                         "when observation tokens are masked: put it on the turn's last generated token (the "
+                         "igpo_sync trainer mode does).")
     if (np.bincount(rows[is_f], minlength=B) > 1).any():
         raise ValueError("a trajectory has more than one outcome position; at most one per row (the last response "
                          "token).")
@@ -396,9 +407,13 @@ def advantage_at_boundaries(
     outcome_weight: float = 1.0,
     ig_weight_schedule: float = 1.0,
     dtype: torch.dtype = torch.float32,
+    masked_turns_ok: bool = False,
 ) -> tuple[Tensor, Tensor, dict[str, float]]:
     """``compute_igpo_advantage`` from reward positions given directly (``Boundaries.at``, e.g. built from the turn
-    ends the rollout recorded), which skips the pass over [B, L] masks that finds them. Output in ``dtype``."""
+    ends the rollout recorded), which skips the pass over [B, L] masks that finds them. Output in ``dtype``.
+
+    ``masked_turns_ok``: IG / penalty positions may lie outside ``response_mask`` (an empty turn's end: a reward
+    position for the statistics and the discount whose own segment has no trained token); outcomes never may."""
     B, L = response_mask.shape
     if response_mask.dtype != torch.bool:
         raise ValueError(f"response_mask must be a bool [B, L] tensor; got {response_mask.dtype}.")
@@ -414,11 +429,13 @@ def advantage_at_boundaries(
     # The turn-level work is O(#boundaries), on host arrays.
     K, r, is_f, is_i, pen = bounds.K.cpu().numpy(), bounds.r, bounds.is_f, bounds.is_i, bounds.pen
     rows = np.repeat(np.arange(B), K)
-    _check_positions(r, is_f, is_i, bounds.in_mask, pen, rows, B)
+    _check_positions(r, is_f, is_i, bounds.in_mask, pen, rows, B, masked_turns_ok)
     _, g = np.unique(group.cpu().numpy(), return_inverse=True)
     num_groups = int(g.max()) + 1 if B else 0
     if pen is None:
         pen = np.zeros_like(r)
+    if cfg.norm_order == "original_code":
+        return _original_code_at_boundaries(bounds, r, is_f, is_i, pen, rows, response_mask, g, num_groups, K, out)
     A, gamma, stats = _turn_advantages(
         K, g.astype(np.int64), num_groups, r, is_f, is_i, pen, _MODE_CODE[cfg.norm_mode], cfg.gamma,
         cfg.adaptive_gamma_min_weight, cfg.norm_order == "after_discount", cfg.norm_group == "group_turn",
@@ -432,32 +449,98 @@ def advantage_at_boundaries(
     return out, out, metrics
 
 
+def original_code_advantage(rewards: Tensor, response_mask: Tensor, group: Tensor) -> tuple[Tensor, Tensor]:
+    """The originally released IGPO advantage (``norm_order="original_code"``, AdvantageConfig docstring), float64.
+
+    G_t = r_t + m_{t+1} · G_{t+1} (γ = 1, G_L = 0), A_{i,t} = (G_{i,t} − mean_{j ∈ group(i)} G_{j,t}) · m_{i,t};
+    returns (A, G · m). A group of one rollout gets A = 0, as in the original.
+    Computed without a loop over tokens: G_t = S_t − S_{e(t)+1} with S the reverse cumulative sum of r and e(t) the
+    end of t's run (the first u >= t whose next token is masked, or the last token).
+    """
+    if rewards.shape != response_mask.shape or rewards.dim() != 2:
+        raise ValueError(f"rewards {tuple(rewards.shape)} and response_mask {tuple(response_mask.shape)} must share "
+                         "one [B, L] shape.")
+    B, L = rewards.shape
+    r = rewards.double()
+    m = response_mask.bool()
+    S = torch.zeros(B, L + 1, dtype=torch.float64, device=r.device)
+    S[:, :L] = r.flip(1).cumsum(1).flip(1)
+    index = torch.arange(L, device=r.device).expand(B, L)
+    cut = torch.ones_like(m)
+    cut[:, :-1] = ~m[:, 1:]
+    marked = torch.where(cut, index, torch.full_like(index, L - 1))
+    run_end = marked.flip(1).cummin(1).values.flip(1)
+    G = S[:, :L] - S.gather(1, run_end + 1)
+    _, g = torch.unique(group, return_inverse=True)
+    num_groups = int(g.max()) + 1 if B else 0
+    sums = torch.zeros(num_groups, L, dtype=torch.float64, device=r.device).index_add_(0, g.to(r.device), G)
+    counts = torch.bincount(g, minlength=num_groups).to(r.device, torch.float64)
+    mean = sums / counts[:, None]
+    mf = m.double()
+    return (G - mean[g]) * mf, G * mf
+
+
+def _original_code_at_boundaries(bounds, r, is_f, is_i, pen, rows, response_mask, g, num_groups, K, out):
+    """``norm_order="original_code"`` from reward positions: the raw rewards (IG, outcome, penalties) laid on their
+    tokens, then ``original_code_advantage``."""
+    B, L = response_mask.shape
+    dense = torch.zeros(B * L, dtype=torch.float64)
+    dense[bounds.flat.cpu()] = torch.from_numpy(np.where(is_f | is_i, r, 0.0) + pen)
+    A, _ = original_code_advantage(dense.view(B, L), response_mask.cpu(), torch.from_numpy(g))
+    out.copy_(A.to(out.device, out.dtype))
+    at = A.reshape(-1)[bounds.flat.cpu()].numpy()
+    metrics = _metrics(np.full(4, np.nan), r, is_f, is_i, pen != 0, rows, g, num_groups, K, np.ones(B), at,
+                       np.zeros_like(at))
+    valid = response_mask.cpu()
+    if bool(valid.any()):
+        metrics["igpo/adv_abs_mean"] = float(A[valid].abs().mean())
+        metrics["igpo/adv_std"] = float(A[valid].std(unbiased=False))
+        metrics["igpo/adv_positive_ratio"] = float((A[valid] > 0).double().mean())
+    return out, out, metrics
+
+
+WARMUP_TIMINGS = ("update_then_decide", "decide_then_update")
+
+
 class WarmupGate:
     """IG warm-up gate (§1.7): pure GRPO until the EMA of the batch-mean outcome reaches ``threshold``, then IG on
     for good (one-way latch). ``threshold`` = 0 disables the gate (IG always on).
 
     EMA_t = α · mean_outcome_t + (1 − α) · EMA_{t−1}, started at the first observed batch mean.
+
+    timing: when step t's own outcome counts.
+        ``update_then_decide`` (ours): fold in step t's mean, then open if EMA_t ≥ threshold, so the step whose
+            outcomes cross the threshold already trains with IG (the earliest the evidence allows).
+        ``decide_then_update`` (reference, DR-Venus ``ray_trainer.py``): open if EMA_{t−1} ≥ threshold (closed at
+            the first step, where there is no EMA yet), then fold in step t's mean; opens one step later.
     """
 
-    def __init__(self, threshold: float = 0.0, ema_alpha: float = 0.1):
+    def __init__(self, threshold: float = 0.0, ema_alpha: float = 0.1, timing: str = "update_then_decide"):
         if not math.isfinite(threshold):
             raise ValueError(f"ig_warmup_threshold={threshold!r} must be finite (0 disables the gate).")
         if not 0.0 < ema_alpha <= 1.0:
             raise ValueError(f"ig_warmup_ema_alpha={ema_alpha!r} must lie in (0, 1].")
+        if timing not in WARMUP_TIMINGS:
+            raise ValueError(f"ig_warmup_timing={timing!r} is unknown; use one of {WARMUP_TIMINGS}.")
         self.threshold = threshold
         self.ema_alpha = ema_alpha
+        self.timing = timing
         self.ema: float | None = None
         self.graduated = threshold <= 0
 
     def update(self, batch_outcome_mean: float) -> bool:
-        """Fold in this step's batch-mean outcome; return whether IG is active for this step."""
+        """Fold in this step's batch-mean outcome; return whether IG is active for this step (``timing``)."""
         if not math.isfinite(batch_outcome_mean):
             raise ValueError(f"batch outcome mean {batch_outcome_mean!r} is not finite; check the outcome rewards.")
+        if self.timing == "decide_then_update" and self.ema is not None and self.ema >= self.threshold:
+            self.graduated = True
+        active = self.graduated
         a = self.ema_alpha
         self.ema = batch_outcome_mean if self.ema is None else a * batch_outcome_mean + (1 - a) * self.ema
-        if self.ema >= self.threshold:
+        if self.timing == "update_then_decide" and self.ema >= self.threshold:
             self.graduated = True
-        return self.graduated
+            active = True
+        return active
 
     @property
     def active(self) -> bool:
@@ -479,9 +562,14 @@ class CurriculumConfig:
 
     w_f1 = f1_init + (f1_final − f1_init) · p,  w_ig = ig_init + (ig_final − ig_init) · p,
     p = min(step / total_steps, 1): start IG-heavy (dense guidance), end outcome-heavy.
+
+    scope: ``always`` (ours): the weights apply at every step, also while the warm-up gate keeps IG off, so the
+        outcome's weight follows one schedule through training. ``ig_active`` (reference): only steps with IG active
+        are weighted; while the gate is closed the outcome keeps weight 1.
     """
 
     enabled: bool = False
+    scope: str = "always"
     f1_init: float = 0.5
     f1_final: float = 1.0
     ig_init: float = 1.0
@@ -491,11 +579,16 @@ class CurriculumConfig:
         for name in ("f1_init", "f1_final", "ig_init", "ig_final"):
             if not math.isfinite(getattr(self, name)):
                 raise ValueError(f"curriculum {name}={getattr(self, name)!r} must be finite.")
+        if self.scope not in CURRICULUM_SCOPES:
+            raise ValueError(f"curriculum_scope={self.scope!r} is unknown; use one of {CURRICULUM_SCOPES}.")
 
 
-def curriculum_weights(step: int, total_steps: int, cfg: CurriculumConfig) -> tuple[float, float]:
-    """(w_outcome, w_ig) at ``step``; (1, 1) when the curriculum is off."""
-    if not cfg.enabled:
+CURRICULUM_SCOPES = ("always", "ig_active")
+
+
+def curriculum_weights(step: int, total_steps: int, cfg: CurriculumConfig, ig_active: bool = True) -> tuple[float, float]:
+    """(w_outcome, w_ig) at ``step``; (1, 1) when the curriculum is off, or with scope ``ig_active`` while IG is off."""
+    if not cfg.enabled or (cfg.scope == "ig_active" and not ig_active):
         return 1.0, 1.0
     if total_steps <= 0:
         raise ValueError(f"total_steps={total_steps!r} must be positive when the curriculum is enabled.")

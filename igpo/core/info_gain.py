@@ -25,6 +25,7 @@ from igpo.core.ground_truth import ALIAS_MODES
 from igpo.core.token_passes import Boundaries
 
 INFO_GAIN_TYPES = ("log_prob_diff", "prob_diff")
+FORMAT_PENALTY_MODES = ("separate_channel", "in_ig_pool")
 
 
 @dataclass(frozen=True)
@@ -34,17 +35,26 @@ class InfoGainConfig:
     info_gain_type: ``log_prob_diff`` (DR-Venus default; differences of mean log-probs, unbounded) or ``prob_diff``
         (the paper's formula; differences of geometric-mean probabilities, in (-1, 1)).
     ig_tool_filter: lower-case tool names; a boundary s >= 1 is scored only if turn s-1 called one of them.
-        Empty = every turn. DR-Venus ships ``("visit",)``: search turns are credited through the next visit.
+        Empty (our default) = every turn: each search and visit is credited with what it added. DR-Venus ships
+        ``("visit",)``: search turns are credited only through the next visit.
     ig_compute_freq: score only boundaries s with s % ig_compute_freq == 0 (cost control; 1 = every boundary).
-    use_format_penalty / format_penalty_scale: a malformed turn gets -scale in a separate penalty channel (§1.5).
+    use_format_penalty / format_penalty_scale: a malformed turn gets -scale (§1.5).
+    format_penalty_mode: where a malformed tool turn's -scale goes.
+        ``separate_channel`` (ours): the turn keeps its IG; -scale is added after normalization, so a penalty
+            neither shifts the group's IG mean/std nor the scaled_separate batch scalar, and a malformed turn that
+            gained information still gets that credit (igpo.md §10 item 5).
+        ``in_ig_pool`` (reference, DR-Venus ``ray_trainer.py``): -scale REPLACES the turn's IG before normalization
+            (also on a turn the tool filter left unscored) and is z-scored with the IG values: it enters μ/σ of the
+            group's IG positions and the batch scale of scaled_separate.
     answer_alias: ``first`` scores the first alias (paper); ``max`` / ``mean`` reduce l_s over all aliases.
     """
 
     info_gain_type: str = "log_prob_diff"
-    ig_tool_filter: tuple[str, ...] = ("visit",)
+    ig_tool_filter: tuple[str, ...] = ()
     ig_compute_freq: int = 1
     use_format_penalty: bool = True
     format_penalty_scale: float = 1.0
+    format_penalty_mode: str = "separate_channel"
     answer_alias: str = "first"
 
     def __post_init__(self):
@@ -63,6 +73,9 @@ class InfoGainConfig:
             raise ValueError(f"format_penalty_scale={self.format_penalty_scale!r} must be a finite number >= 0.")
         if self.answer_alias not in ALIAS_MODES:
             raise ValueError(f"answer_alias={self.answer_alias!r} is unknown; use one of {ALIAS_MODES}.")
+        if self.format_penalty_mode not in FORMAT_PENALTY_MODES:
+            raise ValueError(f"format_penalty_mode={self.format_penalty_mode!r} is unknown; use one of "
+                             f"{FORMAT_PENALTY_MODES}.")
 
 
 def scored_boundaries(tool_names: list[list[str | None]], cfg: InfoGainConfig) -> list[list[bool]]:
@@ -192,6 +205,14 @@ def turn_format_penalty(turn_format_ok: Tensor, num_turns: Tensor, cfg: InfoGain
     return penalty, answer_penalty
 
 
+def penalty_into_ig_pool(ig: Tensor, ig_mask: Tensor, penalty: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """``format_penalty_mode=in_ig_pool``: a penalised turn's IG becomes its penalty and is an IG position (even where
+    the filter left it unscored), so it is normalized with the IG values; the separate channel is then empty.
+    Returns (ig, ig_mask, penalty) of the same shapes."""
+    penalised = penalty != 0
+    return (torch.where(penalised, penalty.to(ig.dtype), ig), ig_mask | penalised, torch.zeros_like(penalty))
+
+
 def turn_boundaries(ig: Tensor, ig_mask: Tensor, penalty: Tensor, turn_ends: Tensor, outcome: Tensor,
                     outcome_pos: Tensor, response_mask: Tensor) -> Boundaries:
     """The advantage's reward positions from the turn ends the rollout recorded (§1.6, fixing §10 item 14): no text
@@ -200,8 +221,11 @@ def turn_boundaries(ig: Tensor, ig_mask: Tensor, penalty: Tensor, turn_ends: Ten
     Tool turn j of trajectory i ends on token ``turn_ends[i, j]`` ([B, T'] like ``ig``, ``ig_mask``, ``penalty``): its
     IG sits there where ``ig_mask`` (a zero IG included), its format penalty where ``penalty != 0``. The outcome
     ``outcome[i]`` sits on ``outcome_pos[i]`` (the last response token; -1: no tokens, no outcome). A turn entry on a
-    token outside ``response_mask`` is dropped; on the outcome's token its IG is dropped and its penalty joins the
-    outcome's position. Raises on token indices outside the response or turn ends that do not increase.
+    token outside ``response_mask`` (an empty turn, whose end is the untrained end-of-turn token the loop appended)
+    stays a reward position: it takes part in the group statistics and the discount of the earlier turns like the
+    reference's observation-end positions, and its own segment has no trained token. On the outcome's token a turn's
+    IG is dropped and its penalty joins the outcome's position. Raises on token indices outside the response or turn
+    ends that do not increase.
     """
     if not (ig.shape == ig_mask.shape == penalty.shape == turn_ends.shape) or ig.dim() != 2:
         raise ValueError(f"ig, ig_mask, penalty and turn_ends must share one [B, T] shape; got {tuple(ig.shape)}, "
@@ -225,13 +249,9 @@ def turn_boundaries(ig: Tensor, ig_mask: Tensor, penalty: Tensor, turn_ends: Ten
         raise ValueError(f"two turns were placed on the same token or out of order: trajectory {row[k]}, turn "
                          f"{col[k]} ends on token {pos[k]} and turn {col[k + 1]} on token {pos[k + 1]}; turn-end "
                          "indices must increase within a trajectory.")
-    if response_mask.device.type == "cpu":
-        inside = response_mask.reshape(-1).view(torch.uint8).numpy()[row * L + pos] != 0
-    else:
-        inside = response_mask[torch.from_numpy(row), torch.from_numpy(pos)].cpu().numpy()
     at_outcome = pos == outcome_pos[row]
-    is_i = ig_mask[row, col] & inside & ~at_outcome
-    pen = np.where(inside, penalty[row, col], 0.0)
+    is_i = ig_mask[row, col] & ~at_outcome
+    pen = penalty[row, col].astype(np.float64)
     outcome_pen = np.bincount(row[at_outcome], weights=pen[at_outcome], minlength=B)
     keep = (is_i | (pen != 0)) & ~at_outcome
     rows_f = np.flatnonzero(outcome_pos >= 0)

@@ -1,7 +1,7 @@
-"""Rule-based outcome rewards: SQuAD answer normalisation, exact match and token F1 over all gold aliases.
+"""Rule-based outcome rewards: answer normalisation, exact match and token F1 over all gold aliases.
 
-One normaliser and one F1 for the whole package (the reference had a set-based and a multiset-based F1 that
-disagreed, igpo.md §10 item 10). Definitions follow the official SQuAD evaluation script:
+One F1 for the whole package (the reference had a set-based and a multiset-based F1 that disagreed, igpo.md §10
+item 10), with two normalisations (``F1_NORMALIZATIONS``). The default follows the official SQuAD evaluation script:
 
     norm(s)  = collapse_whitespace(remove_articles(remove_ascii_punctuation(lower(s))))
     EM(p, A) = max_{a in A} [ norm(p) == norm(a) ]
@@ -12,6 +12,12 @@ disagreed, igpo.md §10 item 10). Definitions follow the official SQuAD evaluati
 A = the aliases of one ground truth (``igpo.core.ground_truth.parse_ground_truth``). Only ASCII punctuation
 (``string.punctuation``) is removed, as in SQuAD; unicode letters are lower-cased by ``str.lower`` and otherwise kept,
 so scores stay comparable with published EM/F1 numbers.
+
+``normalization="reference"`` reproduces DR-Venus' training F1 (``reward_score/info_gain.py`` ``preprocess_text`` and
+``compute_f1``, igpo.md §6.3): every ASCII punctuation character becomes a space (so "Jean-Paul" is two words and
+"U.S." is "u s"), articles are kept, and an empty prediction or an empty alias scores 0 (never the SQuAD v2 "both
+empty = 1"). Examples (ours / reference): "Jean Paul Sartre" vs "Jean-Paul Sartre" 0.4 / 1.0; "US" vs "U.S." 1.0 / 0.0;
+"the Beatles" vs "Beatles" 1.0 / 0.667.
 """
 
 from __future__ import annotations
@@ -23,12 +29,20 @@ from dataclasses import dataclass
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b", flags=re.UNICODE)
 _PUNCTUATION = str.maketrans("", "", string.punctuation)
+_PUNCTUATION_TO_SPACE = str.maketrans(string.punctuation, " " * len(string.punctuation))
+F1_NORMALIZATIONS = ("squad", "reference")
 
 
-def normalize_answer(text: str) -> str:
-    """SQuAD normalisation: lower-case, drop ASCII punctuation, drop the articles a/an/the, collapse whitespace."""
-    text = text.lower().translate(_PUNCTUATION)
-    text = _ARTICLES.sub(" ", text)
+def normalize_answer(text: str, normalization: str = "squad") -> str:
+    """``squad``: lower-case, drop ASCII punctuation, drop the articles a/an/the, collapse whitespace.
+    ``reference``: lower-case, ASCII punctuation -> space, collapse whitespace (articles kept)."""
+    if normalization == "squad":
+        text = text.lower().translate(_PUNCTUATION)
+        text = _ARTICLES.sub(" ", text)
+    elif normalization == "reference":
+        text = text.lower().translate(_PUNCTUATION_TO_SPACE)
+    else:
+        raise ValueError(f"F1 normalization {normalization!r} is unknown; use one of {F1_NORMALIZATIONS}.")
     return " ".join(text.split())
 
 
@@ -53,9 +67,10 @@ def _check_aliases(aliases: list[str]) -> None:
         raise ValueError("aliases is empty; every sample needs at least one gold answer to score against.")
 
 
-def _token_f1(prediction_tokens: list[str], gold_tokens: list[str]) -> float:
+def _token_f1(prediction_tokens: list[str], gold_tokens: list[str], normalization: str = "squad") -> float:
     if not prediction_tokens or not gold_tokens:
-        return float(prediction_tokens == gold_tokens)
+        # SQuAD v2 scores "no answer" against "no answer" as correct; the reference skips empty sides (0).
+        return float(prediction_tokens == gold_tokens) if normalization == "squad" else 0.0
     common = Counter(prediction_tokens) & Counter(gold_tokens)
     overlap = sum(common.values())
     if overlap == 0:
@@ -87,14 +102,14 @@ class AnswerScores:
     f1: float
 
 
-def score_answer(prediction: str, aliases: list[str]) -> AnswerScores:
-    """EM and F1 in one pass (each alias normalised once)."""
+def score_answer(prediction: str, aliases: list[str], normalization: str = "squad") -> AnswerScores:
+    """EM and F1 in one pass (each alias normalised once) under ``normalization`` (module docstring)."""
     _check_aliases(aliases)
-    normalized = normalize_answer(prediction)
+    normalized = normalize_answer(prediction, normalization)
     prediction_tokens = normalized.split()
     em, f1 = 0.0, 0.0
     for alias in aliases:
-        gold = normalize_answer(alias)
+        gold = normalize_answer(alias, normalization)
         em = max(em, float(normalized == gold))
-        f1 = max(f1, _token_f1(prediction_tokens, gold.split()))
+        f1 = max(f1, _token_f1(prediction_tokens, gold.split(), normalization))
     return AnswerScores(em=em, f1=f1)

@@ -3,8 +3,9 @@
 Every check looks at ONE assistant turn's text, never at tool observations: web pages that contain ``<answer>`` or
 ``<code>`` must not decide a reward (the reference scanned the whole response, igpo.md §10 item 9).
 
-Think rule (both turn kinds). Either the turn has no think tags at all -- allowed because small models prompted
-without a thinking template may not think -- or it has k >= 1 ``<think>`` and k ``</think>`` strictly alternating
+Think rule (both turn kinds). Either the turn has no think tags at all -- allowed by default because small models
+prompted without a thinking template may not think; ``require_think=True`` refuses it, as the reference does
+(DR-Venus ``format_checker.py``: a turn without ``<think>`` is penalised) -- or it has k >= 1 ``<think>`` and k ``</think>`` strictly alternating
 (open, close, open, close, ...), with only whitespace before the first ``<think>``. The "tail" is the text after the
 last ``</think>`` (the whole turn when it has no think tags). When the generation prompt already ends with
 ``<think>`` (Qwen3 thinking templates), the generated text lacks the opening tag: pass ``think_prefilled=True``.
@@ -30,13 +31,14 @@ _THINK_TAG = re.compile(r"</?think>")
 _TOOL_CALL_TAIL = re.compile(r"\s*<tool_call>(.*?)</tool_call>\s*", flags=re.DOTALL)
 _ANSWER_TAIL = re.compile(r"\s*<answer>(.*?)</answer>\s*", flags=re.DOTALL)
 _LEADING_ROLE = re.compile(r"\s*assistant\s*\n")
+_FIRST_ANSWER = re.compile(r"<answer>(.*?)</answer>", flags=re.DOTALL)
 
 
-def _think_tail(text: str) -> tuple[str | None, str | None]:
+def _think_tail(text: str, require_think: bool) -> tuple[str | None, str | None]:
     """Apply the think rule; return (violation, tail). Exactly one of the two is None."""
     tags = _THINK_TAG.findall(text)
     if not tags:
-        return None, text
+        return ("no <think> block (require_think)", None) if require_think else (None, text)
     for k, tag in enumerate(m.group(0) for m in _THINK_TAG.finditer(text)):
         expected = "<think>" if k % 2 == 0 else "</think>"
         if tag != expected:
@@ -49,7 +51,7 @@ def _think_tail(text: str) -> tuple[str | None, str | None]:
 
 
 def _common_violation(text: str, think_prefilled: bool, forbidden: tuple[str, ...], tag: str,
-                      where: str) -> tuple[str | None, str]:
+                      where: str, require_think: bool) -> tuple[str | None, str]:
     """The rules both turn kinds share: not empty, none of ``forbidden``, exactly one <tag>...</tag>, well-formed
     thinking. Returns (violation or None, the text after the last </think>)."""
     if think_prefilled:
@@ -63,14 +65,15 @@ def _common_violation(text: str, think_prefilled: bool, forbidden: tuple[str, ..
     if text.count(opening) != 1 or text.count(closing) != 1:
         return (f"expected exactly one {opening}...{closing}, found {text.count(opening)} opening and "
                 f"{text.count(closing)} closing tags"), ""
-    violation, tail = _think_tail(text)
+    violation, tail = _think_tail(text, require_think)
     return violation, tail or ""
 
 
-def tool_turn_violation(text: str, *, think_prefilled: bool = False) -> str | None:
+def tool_turn_violation(text: str, *, think_prefilled: bool = False, require_think: bool = False) -> str | None:
     """Why ``text`` breaks the tool-calling turn rules (module docstring), or None when it follows them."""
     violation, tail = _common_violation(text, think_prefilled, ("<answer>", "</answer>", "<tool_response>",
-                                                                 "</tool_response>"), "tool_call", "a tool-calling turn")
+                                                                 "</tool_response>"), "tool_call", "a tool-calling turn",
+                                        require_think)
     if violation is not None:
         return violation
     match = _TOOL_CALL_TAIL.fullmatch(tail)
@@ -96,10 +99,11 @@ def tool_turn_violation(text: str, *, think_prefilled: bool = False) -> str | No
     return None
 
 
-def answer_turn_violation(text: str, *, think_prefilled: bool = False) -> str | None:
+def answer_turn_violation(text: str, *, think_prefilled: bool = False, require_think: bool = False) -> str | None:
     """Why ``text`` breaks the final answer turn rules (module docstring), or None when it follows them."""
     violation, tail = _common_violation(text, think_prefilled, ("<tool_call>", "</tool_call>", "<tool_response>",
-                                                                 "</tool_response>"), "answer", "the answer turn")
+                                                                 "</tool_response>"), "answer", "the answer turn",
+                                        require_think)
     if violation is not None:
         return violation
     match = _ANSWER_TAIL.fullmatch(tail)
@@ -110,14 +114,39 @@ def answer_turn_violation(text: str, *, think_prefilled: bool = False) -> str | 
     return None
 
 
-def check_tool_turn(text: str, *, think_prefilled: bool = False) -> bool:
+def check_tool_turn(text: str, *, think_prefilled: bool = False, require_think: bool = False) -> bool:
     """True when ``text`` follows the tool-calling turn rules (module docstring)."""
-    return tool_turn_violation(text, think_prefilled=think_prefilled) is None
+    return tool_turn_violation(text, think_prefilled=think_prefilled, require_think=require_think) is None
 
 
-def check_answer_turn(text: str, *, think_prefilled: bool = False) -> bool:
+def check_answer_turn(text: str, *, think_prefilled: bool = False, require_think: bool = False) -> bool:
     """True when ``text`` follows the final answer turn rules (module docstring)."""
-    return answer_turn_violation(text, think_prefilled=think_prefilled) is None
+    return answer_turn_violation(text, think_prefilled=think_prefilled, require_think=require_think) is None
+
+
+_BALANCED_TAGS = ("code", "tool_call", "think", "answer")
+
+
+def tags_balanced(text: str) -> bool:
+    """The reference's F1 format gate (DR-Venus ``check_tags_balance``): for code, tool_call, think and answer, as many
+    opening as closing tags, and every opening tag has a closing one after it."""
+    for tag in _BALANCED_TAGS:
+        opening, closing = f"<{tag}>", f"</{tag}>"
+        if text.count(opening) != text.count(closing):
+            return False
+        last = -1
+        while (start := text.find(opening, last + 1)) != -1:
+            last = text.find(closing, start)
+            if last == -1:
+                return False
+    return True
+
+
+def extract_first_answer(text: str) -> str | None:
+    """Body of the FIRST ``<answer>...</answer>`` (non-greedy), stripped; None when there is none (the reference's
+    extraction, ``re.search(r'<answer>(.*?)</answer>')``)."""
+    match = _FIRST_ANSWER.search(text)
+    return match.group(1).strip() if match else None
 
 
 def extract_answer(text: str) -> str | None:
