@@ -7,11 +7,14 @@ log-probs per boundary) from TransferQueue and places the per-turn rewards at th
 
     IG_j = v_{j+1} − v_prev   (igpo.core.info_gain)     on the last generated token of turn j
     outcome (F1/judge), or the answer-format penalty    on the last generated token of the trajectory
-    format penalty of turn j                             on the last generated token of turn j (own channel)
+    format penalty of turn j                             on the last generated token of turn j (own channel, or
+                                                         in place of its IG with format_penalty_mode=in_ig_pool)
 
 as reward positions (``igpo.core.info_gain.turn_boundaries``; no [B, L] reward tensor is built), then calls
 ``igpo.core.advantage.advantage_at_boundaries`` and logs the ``igpo/*`` metrics. The warm-up gate and the
-curriculum are applied here; the gate's state is saved beside verl's checkpoints (``igpo_state.json``).
+curriculum are applied here (``ig_warmup_timing``, ``curriculum_scope``); the gate's state is saved beside verl's
+checkpoints (``igpo_state.json``). An empty turn (an aborted generation) ends on its untrained end-of-turn token: its
+IG or penalty is a reward position outside the loss mask (counted in ``igpo/empty_turns``).
 
 With ``algorithm.adv_estimator=infopo`` the same records drive InfoPO instead (``_infopo_advantage``): the actor
 scores each observation's counterfactual (content replaced by ``algorithm.infopo.placeholder``,

@@ -628,3 +628,32 @@ async def test_answer_seen_records_whether_the_shown_observation_held_a_gold_ali
     out, *_ = await rollout(tiny_tokenizer, scripted(search("q"), ANSWER), tools=tools,
                             agent={"max_observation_tokens": 32})
     assert out.extra_fields["igpo_answer_seen"] == [False]
+
+
+async def test_an_empty_first_turn_ends_on_its_untrained_end_token_and_trains(tiny_tokenizer):
+    """An aborted generation (0 tokens, accepted: no retries left) used to record turn end -1, and its format
+    penalty then stopped the step; it now ends on the end-of-turn token the loop appends (mask 0) and is counted."""
+    import torch
+    from omegaconf import OmegaConf
+
+    from igpo.config import IGPOConfig
+    from igpo.core.advantage import WarmupGate
+    from igpo.trainer import IGPOTrainerSync
+
+    out, _, _, _ = await rollout(tiny_tokenizer, scripted([], ANSWER), agent={"max_generation_retries": 0})
+    ex = out.extra_fields
+    assert ex["igpo_turn_ends"][0] == 0 and out.response_mask[0] == 0 and ex["igpo_empty_turns"] == 1
+    assert ex["igpo_turn_format_ok"][0] is False
+    trainer = object.__new__(IGPOTrainerSync)
+    for mode in ("separate_channel", "in_ig_pool"):
+        trainer.igpo = IGPOConfig.from_algorithm(OmegaConf.create(
+            {"igpo": {"score_on": "rollout", "ig_tool_filter": "", "format_penalty_mode": mode}}))
+        trainer.warmup, trainer.global_steps, trainer.total_training_steps = WarmupGate(), 1, 10
+        mask = torch.tensor([out.response_mask] * 2, dtype=torch.bool)
+        scores = torch.zeros(mask.shape)
+        scores[:, int(mask[0].nonzero().max())] = torch.tensor([1.0, 0.0])
+        metrics = {}
+        adv, _ = trainer._igpo_advantage([ex, ex], ["q", "q"], mask, scores, metrics, score_on_actor=None)
+        assert metrics["igpo/empty_turns"] == 2.0 and metrics["igpo/penalty_positions" if mode == "separate_channel"
+                                                               else "igpo/ig_total_positions"] >= 2
+        assert torch.isfinite(adv).all() and adv[~mask].abs().max() == 0
