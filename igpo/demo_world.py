@@ -40,10 +40,12 @@ _VOWELS = ["a", "e", "i", "o", "u", "ai", "ea", "io", "ou"]
 _CODAS = ["", "", "n", "r", "l", "s", "th", "sk", "nd", "rn", "x"]
 _PRODUCTS = ["lanterns", "clocks", "ropes", "glass", "bicycles", "maps", "bells", "paper", "kettles", "looms",
              "boats", "tiles"]
+# The name is quoted as the search call quotes its query ("query": ["<name>"]): after the opening quote, a small
+# model can copy the name token by token from the question (an induction pattern) instead of recalling names.
 QUESTIONS = {
-    "born": "Where was {person} born?",
-    "employer": "Which company does {person} work for?",
-    "hq": "In which city is the company {person} works for headquartered?",
+    "born": 'Where was "{person}" born?',
+    "employer": 'Which company does "{person}" work for?',
+    "hq": 'In which city is the company "{person}" works for headquartered?',
 }
 
 
