@@ -489,11 +489,19 @@ class IGPOTrainerSync(PPOTrainerSync):
     # ---- checkpointed state ------------------------------------------------------------------------------------
 
     def _save_checkpoint(self):
-        super()._save_checkpoint()
+        # Our state goes into the step's folder BEFORE verl's save, which ends by pointing
+        # latest_checkpointed_iteration.txt at that folder: a crash in between leaves the pointer on the previous
+        # step (whose state file is complete) instead of a resumable step without one. Written to a temporary file
+        # and renamed, so a reader never sees half a file.
         folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
         os.makedirs(folder, exist_ok=True)
-        with open(os.path.join(folder, STATE_FILE), "w") as handle:
+        path = os.path.join(folder, STATE_FILE)
+        with open(path + ".tmp", "w") as handle:
             json.dump({"warmup_gate": self.warmup.state_dict()}, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(path + ".tmp", path)
+        super()._save_checkpoint()
 
     def _load_checkpoint(self):
         super()._load_checkpoint()

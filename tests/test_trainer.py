@@ -152,3 +152,28 @@ def test_unknown_estimator_is_a_configuration_error():
     check_estimator("infopo")
     with pytest.raises(ConfigError, match="adv_estimator='arpo' is not a registered"):
         check_estimator("arpo")
+
+
+def test_igpo_state_is_complete_before_verl_points_resume_at_the_step(tmp_path, monkeypatch):
+    import json
+
+    from omegaconf import OmegaConf
+    from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+
+    from igpo.trainer import STATE_FILE
+
+    trainer = _trainer()
+    trainer.config = OmegaConf.create({"trainer": {"default_local_dir": str(tmp_path)}})
+    trainer.global_steps = 3
+    trainer.warmup.update(0.25)
+    seen = {}
+
+    def verl_save(self):  # verl writes latest_checkpointed_iteration.txt last; our state must already be there
+        path = tmp_path / "global_step_3" / STATE_FILE
+        seen["state"] = json.loads(path.read_text()) if path.is_file() else None
+        (tmp_path / "latest_checkpointed_iteration.txt").write_text("3")
+
+    monkeypatch.setattr(PPOTrainerSync, "_save_checkpoint", verl_save)
+    trainer._save_checkpoint()
+    assert seen["state"] == {"warmup_gate": trainer.warmup.state_dict()}
+    assert not list(tmp_path.rglob("*.tmp"))
