@@ -97,6 +97,7 @@ def create_app(service: ToolService) -> FastAPI:
     def check_queries(queries: list[str], topk: int | None) -> int:
         if not queries:
             raise ToolError("bad_request", "give at least one query")
+        _check_unicode(queries, "a query")
         if len(queries) > config.max_queries:
             raise ToolError("bad_request", f"{len(queries)} queries in one call; the limit is {config.max_queries}")
         for q in queries:
@@ -113,6 +114,8 @@ def create_app(service: ToolService) -> FastAPI:
     def check_visit(urls: list[str], goal: str) -> None:
         if not urls:
             raise ToolError("bad_request", "give at least one URL")
+        _check_unicode(urls, "a URL")
+        _check_unicode([goal], "the goal")
         if len(urls) > config.max_urls:
             raise ToolError("bad_request", f"{len(urls)} URLs in one call; the limit is {config.max_urls}")
         if any(not u.strip() for u in urls):
@@ -205,6 +208,17 @@ def _document(backend: Backend, hit: dict) -> dict:
     return {"id": hit["url"], "contents": f"\"{hit['title']}\"\n{hit['snippet']}"}
 
 
+def _check_unicode(texts: list[str], what: str) -> None:
+    """JSON may carry a lone UTF-16 surrogate ("\\udcff"), which no UTF-8 encoder (cache keys, logs, upstream
+    requests) accepts: refuse it here as the caller's mistake instead of failing later with a 500."""
+    for text in texts:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as err:
+            raise ToolError("bad_request", f"{what} contains an unpaired UTF-16 surrogate at character {err.start} "
+                                           "(\\u{:04x}); send valid Unicode text".format(ord(text[err.start]))) from None
+
+
 def _error_body(error: ToolError) -> dict:
     return {"ok": False, "text": f"[tool call rejected: {error.message}]", "results": [], "error": error.to_dict()}
 
@@ -214,6 +228,9 @@ def _bad_request(path: str, message: str, status: int = 400) -> JSONResponse:
     if path.startswith("/tools/"):
         return JSONResponse(_error_body(error), status_code=status)
     return JSONResponse({"detail": message}, status_code=status)
+
+
+_DRAIN_LIMIT = 64 << 20
 
 
 class BodyLimit:
@@ -227,9 +244,10 @@ class BodyLimit:
         if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
             return await self.app(scope, receive, send)
         declared = dict(scope.get("headers", [])).get(b"content-length")
-        too_big = declared is not None and declared.isdigit() and int(declared) > self.max_bytes
-        chunks, size, more = [], 0, not too_big
-        while more:
+        declared = int(declared) if declared is not None and declared.isdigit() else None
+        too_big = declared is not None and declared > self.max_bytes
+        chunks, size, more = [], 0, True
+        while more and not too_big:
             message = await receive()
             if message["type"] == "http.disconnect":
                 return
@@ -237,10 +255,21 @@ class BodyLimit:
             size += len(chunk)
             if size > self.max_bytes:
                 too_big = True
-                break
-            chunks.append(chunk)
+            else:
+                chunks.append(chunk)
             more = message.get("more_body", False)
         if too_big:
+            # Read (and drop) the rest of the body before answering: a server that answers and closes while the
+            # client is still sending makes the client see a connection reset instead of this 413. Bounded: a body
+            # declared (or found) larger than _DRAIN_LIMIT is not read, and the connection closes after all.
+            drained = size
+            if declared is None or declared <= _DRAIN_LIMIT:
+                while more and drained <= _DRAIN_LIMIT:
+                    message = await receive()
+                    if message["type"] == "http.disconnect":
+                        return
+                    drained += len(message.get("body", b""))
+                    more = message.get("more_body", False)
             response = _bad_request(scope["path"], f"request body exceeds {self.max_bytes} bytes", status=413)
             return await response(scope, receive, send)
         body, replayed = b"".join(chunks), False
