@@ -26,6 +26,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--backend", choices=["local", "web", "retriever"], required=True)
     p.add_argument("--corpus", type=Path, help="JSONL corpus for --backend local ({'id','contents'} per line)")
+    p.add_argument("--index-dir", type=Path, default=None,
+                   help="--backend local: folder for the cached BM25 index, built once per corpus version and "
+                        "memory-mapped on later starts (default: the corpus's folder)")
     p.add_argument("--retriever-url", default=None,
                    help="--backend retriever: the retrieval server, base or endpoint URL (default: $RETRIEVER_URL); "
                         "e.g. http://127.0.0.1:8000 (Search-R1) or http://127.0.0.1:8000/batch_search (FlashRAG)")
@@ -70,8 +73,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def build_config(args: argparse.Namespace, env: dict[str, str]) -> ServerConfig:
     d = ServerConfig()
     return ServerConfig(
-        backend=args.backend, corpus=args.corpus, host=args.host, port=args.port, cache_path=args.cache_path,
-        cache_ttl_s=args.cache_ttl_s, default_topk=args.default_topk, search_deadline_s=args.search_deadline_s,
+        backend=args.backend, corpus=args.corpus, index_dir=args.index_dir, host=args.host, port=args.port,
+        cache_path=args.cache_path, cache_ttl_s=args.cache_ttl_s, default_topk=args.default_topk,
+        search_deadline_s=args.search_deadline_s,
         visit_deadline_s=args.visit_deadline_s, page_token_budget=args.page_token_budget,
         serper_base_url=args.serper_base_url or env.get("SERPER_BASE_URL") or d.serper_base_url,
         jina_base_url=args.jina_base_url or env.get("JINA_BASE_URL") or d.jina_base_url,

@@ -78,7 +78,7 @@ def build_service(config: ServerConfig, secrets: Secrets | None = None) -> ToolS
         backend = RetrieverBackend(config, stats, passages=cache)
     else:
         stats = Stats([])
-        backend = LocalBackend(config.corpus)
+        backend = LocalBackend(config.corpus, index_dir=config.index_dir)
     redactor = Redactor(secrets.values() if secrets else [])
     return ToolService(config, backend, cache, stats, redact=redactor)
 

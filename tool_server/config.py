@@ -96,6 +96,9 @@ class ServerConfig:
 
     backend: "local" (BM25 over ``corpus``; free, offline), "web" (Serper + Jina Reader + summariser) or "retriever"
         (search forwarded to a Search-R1 ``/retrieve`` or FlashRAG ``/batch_search`` server at ``retriever_url``).
+    index_dir: where the local backend caches its BM25 index (``<index_dir>/<corpus name>.bm25/<key>/``, loaded
+        memory-mapped on later starts; the key covers the corpus file and the BM25/tokenizer settings, see
+        ``backends/local.py``); None = the corpus's own folder.
     retriever_url, retriever_dialect: the retrieval server (base URL or endpoint URL) and its dialect, "search_r1",
         "flashrag" or "auto" (implied by an endpoint path, else search_r1). The URL's own origin may be loopback or
         private (retrievers run beside the trainer); a redirect elsewhere is checked like any other URL.
@@ -113,6 +116,7 @@ class ServerConfig:
 
     backend: Literal["local", "web", "retriever"] = "local"
     corpus: Path | None = None
+    index_dir: Path | None = None
     retriever_url: str | None = None
     retriever_dialect: Literal["auto", "search_r1", "flashrag"] = "auto"
     host: str = "127.0.0.1"
@@ -156,6 +160,9 @@ class ServerConfig:
                      "pass --corpus data/wiki_passages_1000.jsonl")
             _require(Path(self.corpus).is_file(), f"corpus={str(self.corpus)!r}", "an existing JSONL file",
                      "check the path (relative paths are resolved from the current directory)")
+            _require(self.index_dir is None or not Path(self.index_dir).is_file(),
+                     f"index_dir={str(self.index_dir)!r}", "a folder (created if missing)",
+                     "point --index-dir at a folder, not a file")
         _require(0 <= self.port <= 65535, f"port={self.port}", "0..65535", "use 0 to pick a free port")
         _require(1 <= self.default_topk <= self.max_topk, f"default_topk={self.default_topk}",
                  f"1..max_topk ({self.max_topk})", "lower it")
