@@ -60,6 +60,12 @@ def test_train_igpo_sh_runs_two_steps_with_information_gain(tmp_path):
     assert len(tokens) == 2 and min(tokens) > 0, "the actor scored nothing"
     errors = [float(v) for v in re.findall(r"igpo/scoring_errors:([0-9.eE+-]+)", log)]
     assert errors == [0.0, 0.0], errors
+    adv = [float(v) for v in re.findall(r"igpo/adv_abs_mean:([0-9.eE+-]+)", log)]
+    assert len(adv) == 2 and min(adv) > 0, adv
+    # An update was applied at every step. (Whether it changes the policy is asserted in the fp32 run below: here the
+    # CPU backend's bf16 log-probs round a one-step change of the tiny model away, so the KL to the reference reads 0.)
+    grad_norms = [float(v) for v in re.findall(r"actor/grad_norm:([0-9.eE+-]+)", log)]
+    assert len(grad_norms) == 2 and min(grad_norms) > 0, grad_norms
     shares = [float(v) for v in re.findall(r"igpo/scoring_step_share:([0-9.eE+-]+)", log)]
     assert len(shares) == 2 and all(0 < v < 1 for v in shares), shares
     events = list((tmp_path / "run" / "tensorboard").rglob("events.out.tfevents.*"))
@@ -85,6 +91,11 @@ def test_two_ranks_shard_actor_side_scoring_in_lockstep(tmp_path):
     # Weights really reach the rollout server: rollout and actor log-probs of sampled tokens agree at step 2 too.
     diffs = [float(v) for v in re.findall(r"training/rollout_probs_diff_max:([0-9.eE+-]+)", log)]
     assert len(diffs) == 2 and max(diffs) < 1e-3, diffs
+    # The policy changed: at step 1 the actor is the reference policy (KL 0); after one update it is not.
+    kl = [float(v) for v in re.findall(r"actor/kl_loss:([0-9.eE+-]+)", log)]
+    assert len(kl) == 2 and kl[1] > max(kl[0], 0.0), kl
+    adv = [float(v) for v in re.findall(r"igpo/adv_abs_mean:([0-9.eE+-]+)", log)]
+    assert len(adv) == 2 and min(adv) > 0, adv
 
 
 def test_train_igpo_sh_runs_infopo(tmp_path):
