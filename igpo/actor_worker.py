@@ -14,6 +14,9 @@ observation's content start, ``igpo.core.scoring.score_continuations``), with th
 
 from __future__ import annotations
 
+import contextlib
+from typing import Iterator
+
 import torch
 import torch.distributed as dist
 from verl.single_controller.base.decorator import Dispatch, register
@@ -92,20 +95,8 @@ class IGPOActorRolloutRefWorker(ActorRolloutRefWorker):
         world = dist.get_world_size() if dist.is_initialized() else 1
         mine, padding = shard_requests(requests, rank, world)
         batch = [_to_request(requests[i]) for i in mine] + [_to_request(_dummy_like(requests[0]))] * padding
-        engine = self.actor.engine
-        offloaded = bool(getattr(engine, "is_param_offload_enabled", False))
-        if offloaded:
-            engine.to(get_device_name(), model=True, optimizer=False, grad=False)
-        try:
-            module = engine.module
-            was_training = module.training
-            module.eval()
-            with torch.no_grad():
-                scores = score_batch(module, batch, ScoringConfig(**scoring))
-            module.train(was_training)
-        finally:
-            if offloaded:
-                engine.to("cpu", model=True, optimizer=False, grad=False)
+        with self._scoring_module() as module:
+            scores = score_batch(module, batch, ScoringConfig(**scoring))
         return {index: scores[slot].tolist() for slot, index in enumerate(mine)}
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -115,18 +106,24 @@ class IGPOActorRolloutRefWorker(ActorRolloutRefWorker):
             return {}
         rank = dist.get_rank() if dist.is_initialized() else 0
         world = dist.get_world_size() if dist.is_initialized() else 1
+        with self._scoring_module() as module:
+            return score_counterfactual_share(module, requests, scoring, rank, world)
+
+    @contextlib.contextmanager
+    def _scoring_module(self) -> Iterator[torch.nn.Module]:
+        """The actor's module with the training weights (θ_old), on the device, in eval mode, without autograd; the
+        parameters go back to the CPU afterwards when verl offloads them between phases."""
         engine = self.actor.engine
         offloaded = bool(getattr(engine, "is_param_offload_enabled", False))
         if offloaded:
             engine.to(get_device_name(), model=True, optimizer=False, grad=False)
+        module = engine.module
+        was_training = module.training
         try:
-            module = engine.module
-            was_training = module.training
             module.eval()
             with torch.no_grad():
-                out = score_counterfactual_share(module, requests, scoring, rank, world)
-            module.train(was_training)
+                yield module
         finally:
+            module.train(was_training)
             if offloaded:
                 engine.to("cpu", model=True, optimizer=False, grad=False)
-        return out

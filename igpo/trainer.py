@@ -40,7 +40,6 @@ from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.workers.utils.padding import response_to_nested
 
-from igpo.actor_worker import IGPOActorRolloutRefWorker
 from igpo.config import IGPOConfig, infopo_config_from_algorithm
 from igpo.estimator import ESTIMATOR_NAMES, INFOPO_NAMES
 from igpo.launch_plan import check_estimator, check_infopo, check_rollout_correction
@@ -133,6 +132,10 @@ class IGPOTrainerSync(PPOTrainerSync):
 
     def _init_resource_pool_mgr(self):
         """verl's worker layout, with the actor role served by our subclass (it adds the answer-scoring method)."""
+        # Imported here, not at module level: importing the worker module imports verl, whose plugin loading imports
+        # this module; a module-level import would make that a cycle in any process that imports the worker first.
+        from igpo.actor_worker import IGPOActorRolloutRefWorker
+
         super()._init_resource_pool_mgr()
         for role, worker_cls in list(self.role_worker_mapping.items()):
             if role.name.startswith("Actor"):

@@ -63,3 +63,17 @@ def test_plugin_registers_everything_in_a_fresh_process():
     result = subprocess.run([sys.executable, "-c", code], env={**os.environ, "VERL_PLATFORM": "cpu"},
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-3000:]
+
+
+def test_importing_the_actor_worker_first_loads_every_registration():
+    """A Ray worker that unpickles the actor class imports igpo.actor_worker before anything else of ours; verl's
+    plugin loading then imports the trainer mode, which must not need the half-imported worker module."""
+    code = (
+        "import igpo.actor_worker, igpo.plugin as p\n"
+        "from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY as T\n"
+        "assert not p.FAILED, p.FAILED\n"
+        "assert 'igpo_sync' in T\n"
+        "print('ok')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-3000:]

@@ -3,32 +3,16 @@ CPU backend and tool server, and reports IGPO metrics. Guarded: the whole proces
 
 import os
 import re
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from guarded_run import run_guarded
+
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.e2e
-
-
-def _run(args, env, timeout):
-    proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        pytest.fail(f"timed out after {timeout}s:\n{out[-4000:]}")
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # nothing of the run may outlive the test
-        except ProcessLookupError:
-            pass
-    return proc.returncode, out
 
 
 def _ray_processes() -> set[str]:
@@ -47,7 +31,7 @@ def test_train_igpo_sh_runs_two_steps_with_information_gain(tmp_path):
     before = _ray_processes()
     env = {**os.environ, "OUTPUT_DIR": str(tmp_path / "run"), "IGPO_DEVICE": "cpu"}
     env.pop("TOOL_SERVER_URL", None)
-    rc, out = _run(["bash", "train_igpo.sh", "trainer.total_training_steps=2", *GPU_PRECISION], env, timeout=540)
+    rc, out = run_guarded(["bash", "train_igpo.sh", "trainer.total_training_steps=2", *GPU_PRECISION], env, timeout=540)
     log = (tmp_path / "run" / "train.log").read_text()
     assert rc == 0, out[-4000:]
     assert "igpo: step:1" in out and "igpo: step:2" in out, out[-3000:]
@@ -78,7 +62,7 @@ def test_two_ranks_shard_actor_side_scoring_in_lockstep(tmp_path):
     (score_on=rollout + verify_scoring), and the rollout really runs the actor's weights after an update."""
     env = {**os.environ, "OUTPUT_DIR": str(tmp_path / "run"), "IGPO_DEVICE": "cpu"}
     env.pop("TOOL_SERVER_URL", None)
-    rc, out = _run(["bash", "train_igpo.sh", "trainer.total_training_steps=2", "trainer.n_gpus_per_node=2",
+    rc, out = run_guarded(["bash", "train_igpo.sh", "trainer.total_training_steps=2", "trainer.n_gpus_per_node=2",
                     "ray_kwargs.ray_init.num_gpus=2", "algorithm.igpo.score_on=rollout",
                     "algorithm.igpo.verify_scoring=true",
                     "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
@@ -103,7 +87,7 @@ def test_train_igpo_sh_runs_infopo(tmp_path):
     term comes from old_log_probs, and the infopo/* metrics are logged with no failed turn."""
     env = {**os.environ, "OUTPUT_DIR": str(tmp_path / "run"), "IGPO_DEVICE": "cpu"}
     env.pop("TOOL_SERVER_URL", None)
-    rc, out = _run(["bash", "train_igpo.sh", "trainer.total_training_steps=2", "algorithm.adv_estimator=infopo"],
+    rc, out = run_guarded(["bash", "train_igpo.sh", "trainer.total_training_steps=2", "algorithm.adv_estimator=infopo"],
                    env, timeout=540)
     log = (tmp_path / "run" / "train.log").read_text()
     assert rc == 0, out[-4000:]
@@ -121,14 +105,14 @@ def test_train_igpo_sh_runs_infopo(tmp_path):
 
 def test_missing_model_path_is_a_clear_error():
     env = {**os.environ, "VERL_PLATFORM": "cpu"}
-    rc, out = _run([sys.executable, "-m", "igpo.main", "--config-name", "cpu_demo",
+    rc, out = run_guarded([sys.executable, "-m", "igpo.main", "--config-name", "cpu_demo",
                     "actor_rollout_ref.model.path=/nonexistent/model"], env, timeout=120)
     assert rc == 2 and "actor_rollout_ref.model.path='/nonexistent/model' is not a directory" in out, out[-2000:]
 
 
 def test_gpu_only_rollout_on_cpu_is_a_clear_error(tiny_model_dir):
     env = {**os.environ, "VERL_PLATFORM": "cpu"}
-    rc, out = _run([sys.executable, "-m", "igpo.main", "--config-name", "cpu_demo",
+    rc, out = run_guarded([sys.executable, "-m", "igpo.main", "--config-name", "cpu_demo",
                     f"actor_rollout_ref.model.path={tiny_model_dir}", "data.train_files=data/train_nq_256.parquet",
                     "data.val_files=data/train_nq_256.parquet", "actor_rollout_ref.rollout.name=vllm"],
                    env, timeout=120)
@@ -137,7 +121,7 @@ def test_gpu_only_rollout_on_cpu_is_a_clear_error(tiny_model_dir):
 
 def test_unknown_igpo_key_is_a_clear_error(tiny_model_dir):
     env = {**os.environ, "VERL_PLATFORM": "cpu"}
-    rc, out = _run([sys.executable, "-m", "igpo.main", "--config-name", "cpu_demo",
+    rc, out = run_guarded([sys.executable, "-m", "igpo.main", "--config-name", "cpu_demo",
                     f"actor_rollout_ref.model.path={tiny_model_dir}", "data.train_files=data/train_nq_256.parquet",
                     "data.val_files=data/train_nq_256.parquet", "+algorithm.igpo.norm_mod=joint"], env, timeout=120)
     assert rc == 2 and "norm_mod" in out and "check the spelling" in out, out[-2000:]
@@ -147,7 +131,7 @@ def test_llm_judge_without_its_endpoint_is_a_clear_error(tiny_model_dir):
     env = {k: v for k, v in os.environ.items()
            if k not in ("JUDGE_MODEL_NAME", "JUDGE_API_BASE", "API_BASE", "JUDGE_API_KEY", "API_KEY")}
     env["VERL_PLATFORM"] = "cpu"
-    rc, out = _run([sys.executable, "-m", "igpo.main", "--config-name", "cpu_demo",
+    rc, out = run_guarded([sys.executable, "-m", "igpo.main", "--config-name", "cpu_demo",
                     f"actor_rollout_ref.model.path={tiny_model_dir}", "data.train_files=data/train_nq_256.parquet",
                     "data.val_files=data/train_nq_256.parquet",
                     "reward.custom_reward_function.reward_kwargs.train_reward_type=llm"], env, timeout=120)

@@ -8,12 +8,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from guarded_run import run_guarded
 from hydra import compose, initialize_config_dir
 
 from igpo.recipes import RecipeError, available, comparison_table, load_recipe
@@ -88,7 +89,7 @@ def test_recipe_composes_over_the_gpu_preset(name):
         assert config.algorithm.igpo.ig_tool_filter == "visit" and config.igpo_launch.sequence_parallel == 8
 
 
-def _dry_run(env_extra: dict, *overrides: str) -> tuple[int, str]:
+def _dryrun_guarded(env_extra: dict, *overrides: str) -> tuple[int, str]:
     env = {**os.environ, **env_extra}
     for key in ("CUDA_VISIBLE_DEVICES", "TOOL_BACKEND", "TOOL_TOPK", "IGPO_PRESET"):
         env.pop(key, None)
@@ -101,7 +102,7 @@ def _dry_run(env_extra: dict, *overrides: str) -> tuple[int, str]:
 def test_dry_run_passes_on_the_stated_hardware(tmp_path_factory, name):
     # drvenus_long's reward is the LLM judge: planning checks that its endpoint is configured (.env on the cluster)
     judge = {"JUDGE_MODEL_NAME": "judge", "JUDGE_API_BASE": "http://127.0.0.1:9/v1"}
-    rc, out = _dry_run({"IGPO_RECIPE": name, "IGPO_GPUS": "8", "MODEL_PATH": str(model_dir(tmp_path_factory, name)),
+    rc, out = _dryrun_guarded({"IGPO_RECIPE": name, "IGPO_GPUS": "8", "MODEL_PATH": str(model_dir(tmp_path_factory, name)),
                         **judge})
     assert rc == 0, out[-3000:]
     assert f"preset recipe {name}" in out
@@ -110,7 +111,7 @@ def test_dry_run_passes_on_the_stated_hardware(tmp_path_factory, name):
 
 
 def test_unknown_recipe_is_a_configuration_error(tmp_path_factory):
-    rc, out = _dry_run({"IGPO_RECIPE": "nope", "IGPO_GPUS": "8",
+    rc, out = _dryrun_guarded({"IGPO_RECIPE": "nope", "IGPO_GPUS": "8",
                         "MODEL_PATH": str(model_dir(tmp_path_factory, "igpo_web"))})
     assert rc == 2 and "recipe 'nope'" in out and "search_r1_local" in out
 
@@ -143,23 +144,6 @@ def test_evaluate_refuses_a_judge_recipe_without_the_judge(tmp_path, capsys):
 # ------------------------------------------------------------------------------------------------ CPU rehearsal
 
 
-def _run(args, env, timeout):
-    proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        pytest.fail(f"timed out after {timeout}s:\n{out[-4000:]}")
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # nothing of the run (Ray, the tool server) may outlive the test
-        except ProcessLookupError:
-            pass
-    return proc.returncode, out
-
-
 @pytest.mark.e2e
 def test_cpu_rehearsal_of_search_r1_local(tmp_path):
     """The recipe scaled down (configs/rehearsal/cpu.yaml): tiny model, EM reward, search only, the retriever backend
@@ -174,7 +158,7 @@ def test_cpu_rehearsal_of_search_r1_local(tmp_path):
         for key in ("TOOL_SERVER_URL", "TOOL_BACKEND", "TOOL_TOPK", "MODEL_PATH"):
             env.pop(key, None)
         # as tests/test_e2e_cpu.py: ~2 minutes on an idle machine, much longer when others share the CPUs
-        rc, out = _run(["bash", "train_igpo.sh", "+rehearsal=cpu", "trainer.total_training_steps=2"], env, 540)
+        rc, out = run_guarded(["bash", "train_igpo.sh", "+rehearsal=cpu", "trainer.total_training_steps=2"], env, 540)
         assert rc == 0, out[-4000:]
         assert "igpo: step:1" in out and "igpo: step:2" in out, out[-3000:]
         assert "tool server (retriever)" in out
@@ -186,7 +170,7 @@ def test_cpu_rehearsal_of_search_r1_local(tmp_path):
         model = re.search(r"tiny model at (\S+)\)", out).group(1)
         retriever = InProcessServer(ServerConfig(backend="retriever", retriever_url=upstream.url, default_topk=3))
         with retriever:
-            rc, out = _run([sys.executable, "scripts/evaluate.py", "--data", "data/qa_test_7src.parquet",
+            rc, out = run_guarded([sys.executable, "scripts/evaluate.py", "--data", "data/qa_test_7src.parquet",
                             "--limit-per-source", "1", "--model-path", model, "--tool-server", retriever.url,
                             "--recipe", "search_r1_local", "--max-tokens-per-turn", "64",
                             "--max-observation-tokens", "96", "--response-length", "512", "--prompt-length", "1024",

@@ -1,0 +1,31 @@
+"""Run a command of the product (train_igpo.sh, a script) from a test so that nothing of it outlives the test."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def run_guarded(args: list[str], env: dict[str, str], timeout: float) -> tuple[int, str]:
+    """(exit code, stdout + stderr) of ``args`` run in the repository root in its own process group; on timeout the
+    test fails with the output's tail. The whole group (Ray, the tool server) is killed afterwards in any case."""
+    proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"timed out after {timeout}s:\n{out[-4000:]}")
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return proc.returncode, out
