@@ -1,0 +1,495 @@
+"""ARPO: entropy-adaptive branching after tool calls, and its advantage attribution (research/infopo_arpo.md, Part 2).
+
+Symbols (one prompt; M = rollouts per prompt, N initial samples, Z branch factor, τ base rate, β entropy weight):
+
+    token entropy   h_j = −Σ_{v∈V_j} q_{j,v} log q_{j,v} / log K,   q_{j,v} = exp(ℓ_{j,v}) / Σ_{u∈V_j} exp(ℓ_{j,u})
+                    V_j: the K = top_k most likely entries the engine returned for position j (an extra entry the engine
+                    adds for a sampled token outside its top-K is dropped, so every position has the same support);
+                    q renormalises them to a distribution; dividing by log K puts h_j in [0, 1] for any vocabulary.
+    step entropy    H_t = (1/k_t) Σ_{j<k_t} h_j,   k_t = min(k, n_t): the MEAN over the first k generated tokens after
+                    tool result t (n_t tokens exist). H_init: the same over the first k tokens of the trajectory's
+                    first turn (right after the prompt).
+    change          ΔH_t = H_t − H_init, measured on the tokens after the CURRENT tool result (no one-round lag).
+                    A branch inherits its source's H_init; a top-up is a fresh sample with its own.
+    branching       P_t = clip(τ + β · ΔH_t, 0, 1). Each eligible trajectory makes Z − 1 attempts per round, attempt a
+                    accepted iff u_a < P_t, u_a ~ U[0, 1) drawn from a generator keyed by (seed, step, rank, prompt,
+                    round) and indexed by the trajectory's index in its prompt; accepted branches are granted in
+                    index order while the prompt has fewer than M trajectories.
+    budget          when no trajectory of the prompt is running after a round and it has fewer than M, the missing
+                    ones start as fresh top-ups, all in that round. Nothing is duplicated to reach M.
+    sharing         D(i, j): how many response tokens trajectories i and j share by construction; the minimum of the
+                    branch positions on the tree path between them (0 across different roots, D(i, i) = L).
+                    S(i, p) = {j : D(i, j) > p}; positions p < D are token-identical (prefix identity).
+    soft            Â_{i,p} = plain GRPO/IGPO over the M trajectories of the prompt (one group); a prefix shared by d
+                    trajectories gets d copies of the gradient, i.e. d · mean advantage (implicit attribution).
+    hard            Â^hard_{i,p} = (1/|S(i,p)|) Σ_{j∈S(i,p)} Â_{j,p}: every copy of a shared token carries the mean
+                    advantage of the trajectories that share it; Â^hard = Â where |S| = 1 (so nothing branched ⇒ equal).
+
+Scale of β: the reference sums 20 top-10 entropies and divides by log |V|, so its ΔH spans ≈ [−4, 4]; here ΔH
+lies in [−1, 1]. β = 0.2 (the paper's value) is therefore gentler here: with 20 measured tokens and Qwen2.5's
+|V| ≈ 151,665 the reference's sensitivity corresponds to β ≈ 0.2 · 20 · log 10 / log |V| ≈ 0.77.
+
+Everything here is plain Python and tensors in, tensors out: the agent loop keeps one list of ``ARPOTrajectory``
+records per prompt and step (created fresh every step, so no entropy leaks across steps or prompts).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+_MASK64 = (1 << 64) - 1
+
+
+@dataclass(frozen=True)
+class ARPOConfig:
+    """``arpo``: every ARPO rollout knob. Defaults are the shipped 8B deep-search script (M 16, N 8, Z 2, τ 0.5, β 0.2).
+
+    enabled: branch rollouts (False: plain sampling, the other knobs are still validated).
+    rollouts_per_prompt: M, the number of trajectories each prompt ends with (the GRPO group size; reference
+        ``rollout.n``).
+    initial_rollouts: N ≤ M full samples started from the prompt; the other M − N slots go to branches and, when
+        every trajectory of the prompt has finished first, to fresh top-ups.
+    branch_factor: Z; an eligible trajectory tries Z − 1 branches per round (reference ``beam_size``). Z = 1 never
+        branches: the M − N slots are then all top-ups, started once the N samples finished.
+    branch_probability: τ, the branch probability at ΔH = 0 (the paper's base rate).
+    entropy_weight: β in P = clip(τ + β·ΔH, 0, 1); ΔH here lies in [−1, 1] (see the module docstring for the scale
+        against the reference's summed entropy).
+    entropy_tokens: k, how many generated tokens after a tool result (and at the start of the first turn) are
+        measured (reference 20).
+    top_k: K, how many log-probs per position the engine returns (reference 10); also the normaliser log K.
+    seed: base seed of the branching draws; a step's draws are keyed by (seed, step, rank, prompt, round).
+    """
+
+    enabled: bool = False
+    rollouts_per_prompt: int = 16
+    initial_rollouts: int = 8
+    branch_factor: int = 2
+    branch_probability: float = 0.5
+    entropy_weight: float = 0.2
+    entropy_tokens: int = 20
+    top_k: int = 10
+    seed: int = 0
+
+    def __post_init__(self):
+        if not isinstance(self.enabled, bool):
+            raise ValueError(f"arpo.enabled={self.enabled!r} must be true or false.")
+        for name, low in (("rollouts_per_prompt", 1), ("initial_rollouts", 1), ("branch_factor", 1),
+                          ("entropy_tokens", 1), ("top_k", 2), ("seed", 0)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ValueError(f"arpo.{name}={value!r} must be an integer >= {low}.")
+        if self.initial_rollouts > self.rollouts_per_prompt:
+            raise ValueError(f"arpo.initial_rollouts={self.initial_rollouts} exceeds arpo.rollouts_per_prompt="
+                             f"{self.rollouts_per_prompt}: N initial samples must fit in the M rollouts per prompt; "
+                             "lower initial_rollouts (reference: M/2) or raise rollouts_per_prompt.")
+        if not (isinstance(self.branch_probability, (int, float)) and not isinstance(self.branch_probability, bool)
+                and 0.0 <= self.branch_probability <= 1.0):
+            raise ValueError(f"arpo.branch_probability={self.branch_probability!r} must be a probability in [0, 1] "
+                             "(reference 0.5).")
+        if not (isinstance(self.entropy_weight, (int, float)) and not isinstance(self.entropy_weight, bool)
+                and math.isfinite(self.entropy_weight) and self.entropy_weight >= 0):
+            raise ValueError(f"arpo.entropy_weight={self.entropy_weight!r} must be a finite number >= 0 (paper 0.2; "
+                             "0 branches at the flat rate branch_probability).")
+
+    @classmethod
+    def from_dict(cls, section: Mapping[str, Any]) -> "ARPOConfig":
+        """From the ``arpo`` mapping; unknown keys raise with the known ones."""
+        unknown = sorted(set(section) - set(cls.__dataclass_fields__))
+        if unknown:
+            raise ValueError(f"unknown key(s) arpo.{unknown}: check the spelling; known keys are "
+                             f"{sorted(cls.__dataclass_fields__)}.")
+        values = dict(section)
+        for name in ("branch_probability", "entropy_weight"):
+            if isinstance(values.get(name), int) and not isinstance(values[name], bool):
+                values[name] = float(values[name])
+        return cls(**values)
+
+
+# ------------------------------------------------------------------------------------------------------ entropy
+
+
+def token_entropy(top_logprobs: Tensor, top_k: int) -> Tensor:
+    """h_j [...] from the engine's log-probs [..., E] of one position each (E ≥ top_k entries, −inf = no entry).
+
+    Keeps the top_k largest entries (vLLM adds the sampled token when it is outside its top-K: dropped here),
+    renormalises them (softmax) and returns their entropy divided by log top_k, in [0, 1].
+    """
+    if top_logprobs.dim() < 1 or not torch.is_floating_point(top_logprobs):
+        raise ValueError(f"top_logprobs must be a float [..., E] tensor; got {top_logprobs.dtype} "
+                         f"{tuple(top_logprobs.shape)}.")
+    x = top_logprobs.double()
+    if torch.isnan(x).any() or (x == math.inf).any():
+        raise ValueError("top_logprobs contain NaN or +inf; pass the engine's log-probs, −inf for a missing entry.")
+    if (x > 1e-6).any():
+        raise ValueError(f"top_logprobs contain positive values (max {float(x.max()):.3g}); pass log-probabilities, "
+                         "not logits or probabilities.")
+    if x.shape[-1] > top_k:
+        x = x.topk(top_k, dim=-1).values
+    if (~torch.isfinite(x)).all(-1).any():
+        raise ValueError("a position has no finite log-prob; every measured position needs at least one entry.")
+    q = torch.softmax(x, dim=-1)
+    plogp = torch.where(q > 0, q * torch.log(q), 0.0)
+    return -plogp.sum(-1) / math.log(top_k)
+
+
+def step_entropy(top_logprobs: Tensor, num_tokens: Tensor, cfg: ARPOConfig) -> Tensor:
+    """H [B]: the mean of h_j over the first min(k, n_b) generated tokens of each row.
+
+    top_logprobs [B, T, E]: per row, the log-probs of the tokens generated after a tool result (or after the prompt,
+    for H_init), left-aligned; num_tokens [B]: n_b, how many of the T positions were generated. A row with n_b = 0 has
+    no entropy: it raises (such a trajectory is not eligible to branch; do not pass it).
+    """
+    if top_logprobs.dim() != 3:
+        raise ValueError(f"top_logprobs must be [B, T, E]; got {tuple(top_logprobs.shape)}.")
+    B, T, _ = top_logprobs.shape
+    if num_tokens.shape != (B,) or num_tokens.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"num_tokens must be an integer [B] = ({B},) tensor; got {num_tokens.dtype} "
+                         f"{tuple(num_tokens.shape)}.")
+    if bool((num_tokens > T).any()):
+        raise ValueError(f"num_tokens {num_tokens.tolist()} exceed the T = {T} positions given.")
+    empty = (num_tokens <= 0).nonzero().flatten().tolist()
+    if empty:
+        raise ValueError(f"rows {empty} generated no token to measure; only a trajectory that generated after the "
+                         "tool result has an entropy (leave the others out of branching).")
+    count = num_tokens.clamp(max=cfg.entropy_tokens)
+    K = min(T, cfg.entropy_tokens)
+    measured = torch.arange(K)[None, :] < count[:, None]
+    x = torch.where(measured[..., None], top_logprobs[:, :K].double(), 0.0)  # unmeasured positions: any valid row
+    h = torch.where(measured, token_entropy(x, cfg.top_k), 0.0)
+    return h.sum(1) / count.double()
+
+
+def branch_probability(delta_entropy: Tensor, cfg: ARPOConfig) -> Tensor:
+    """P = clip(τ + β · ΔH, 0, 1), elementwise."""
+    if not torch.isfinite(delta_entropy).all():
+        raise ValueError("ΔH contains NaN or inf; an unmeasured trajectory must be left out of branching.")
+    return (cfg.branch_probability + cfg.entropy_weight * delta_entropy.double()).clamp(0.0, 1.0)
+
+
+def _splitmix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def draw_seed(seed: int, step: int, rank: int, prompt: int, round_: int) -> int:
+    """A 63-bit generator seed from (seed, step, rank, prompt, round); stable across processes and Python versions."""
+    h = 0
+    for part in (seed, step, rank, prompt, round_):
+        if not isinstance(part, int) or part < 0:
+            raise ValueError(f"branch draw key parts must be integers >= 0; got {part!r} in "
+                             f"(seed, step, rank, prompt, round) = {(seed, step, rank, prompt, round_)}.")
+        h = _splitmix64(h ^ part)
+    return h >> 1
+
+
+def branch_attempts(index: Sequence[int], delta_entropy: Tensor, cfg: ARPOConfig, *, step: int, rank: int,
+                    prompt: int, round_: int) -> Tensor:
+    """Accepted branch attempts [n, Z−1] (bool) of the eligible trajectories of ONE prompt in one round.
+
+    index [n]: the trajectories' indices in their prompt (0..M−1); delta_entropy [n]: their ΔH. The uniforms come
+    from a table [M, Z−1] drawn with ``draw_seed(cfg.seed, step, rank, prompt, round_)`` and are picked by index, so
+    a trajectory's draw depends on neither the other trajectories' eligibility nor any entropy but its own.
+    ``prompt`` is any integer stable for the prompt within the step (its index on this rank).
+    """
+    index = [int(i) for i in index]
+    if delta_entropy.shape != (len(index),):
+        raise ValueError(f"delta_entropy must be [n] = ({len(index)},), one per index; got "
+                         f"{tuple(delta_entropy.shape)}.")
+    if len(set(index)) != len(index) or any(not 0 <= i < cfg.rollouts_per_prompt for i in index):
+        raise ValueError(f"index {index} must be distinct trajectory indices in [0, {cfg.rollouts_per_prompt}).")
+    p = branch_probability(delta_entropy, cfg)
+    generator = torch.Generator().manual_seed(draw_seed(cfg.seed, step, rank, prompt, round_))
+    table = torch.rand(cfg.rollouts_per_prompt, cfg.branch_factor - 1, generator=generator, dtype=torch.float64)
+    return table[torch.tensor(index, dtype=torch.long)] < p[:, None]
+
+
+# ------------------------------------------------------------------------------------------------------- budget
+
+
+@dataclass(frozen=True)
+class ARPOTrajectory:
+    """One trajectory of a prompt in the current step.
+
+    index: its position in the prompt's group, in creation order (initial 0..N−1, then branches and top-ups).
+    parent: the index it was branched from, −1 for an initial sample or a top-up.
+    branch_pos: response tokens [0, branch_pos) are the parent's, copied (the last tool result included); 0 for a root.
+    is_topup: a fresh sample started because every trajectory of the prompt had finished with slots left.
+    h_init: H_init, the entropy of its first turn's first k tokens (None until measured); a branch inherits it.
+    """
+
+    index: int
+    parent: int = -1
+    branch_pos: int = 0
+    is_topup: bool = False
+    h_init: float | None = None
+
+
+@dataclass(frozen=True)
+class RoundPlan:
+    """What a prompt starts after one round: a branch from each entry of ``branch_sources`` (an index repeated for
+    several branches of one source) and ``topups`` fresh samples from the prompt."""
+
+    branch_sources: tuple[int, ...] = ()
+    topups: int = 0
+
+
+def initial_trajectories(cfg: ARPOConfig) -> list[ARPOTrajectory]:
+    """The N initial samples of one prompt at the start of a step (a fresh list every step: nothing carries over)."""
+    return [ARPOTrajectory(index=i) for i in range(cfg.initial_rollouts)]
+
+
+def with_initial_entropy(trajectory: ARPOTrajectory, h_init: float) -> ARPOTrajectory:
+    """The record with H_init set from its first turn; a branch or a record already measured raises."""
+    if trajectory.parent >= 0:
+        raise ValueError(f"trajectory {trajectory.index} is a branch of {trajectory.parent}: it keeps its source's "
+                         "H_init, measure only initial samples and top-ups.")
+    if trajectory.h_init is not None:
+        raise ValueError(f"trajectory {trajectory.index} already has H_init={trajectory.h_init}; it is measured once, "
+                         "on its first turn.")
+    if not math.isfinite(h_init):
+        raise ValueError(f"H_init={h_init!r} of trajectory {trajectory.index} must be finite.")
+    return replace(trajectory, h_init=float(h_init))
+
+
+def plan_round(trajectories: Sequence[ARPOTrajectory], running: Sequence[bool], eligible: Sequence[bool],
+               accepted: Tensor, cfg: ARPOConfig) -> RoundPlan:
+    """Which trajectories of one prompt branch after this round, and how many top-ups start.
+
+    running [m]: still generating after this round (finished ones: False); eligible [m]: just received a tool result
+    and had its entropy measured (eligible ⇒ running); accepted [e, Z−1]: ``branch_attempts`` of the eligible ones, in
+    index order. Branches are granted in index order, at most Z − 1 per source, while the prompt has fewer than M
+    trajectories. If then nothing runs and slots are left, all the missing trajectories start as top-ups now.
+    """
+    if not cfg.enabled:
+        raise ValueError("arpo.enabled is false: there are no branching rounds to plan; start all "
+                         "rollouts_per_prompt samples up front.")
+    m = len(trajectories)
+    if [t.index for t in trajectories] != list(range(m)):
+        raise ValueError(f"trajectory indices {[t.index for t in trajectories]} must be 0..{m - 1} in order.")
+    if len(running) != m or len(eligible) != m:
+        raise ValueError(f"running ({len(running)}) and eligible ({len(eligible)}) need one entry per trajectory "
+                         f"({m}).")
+    if m > cfg.rollouts_per_prompt:
+        raise ValueError(f"{m} trajectories exceed arpo.rollouts_per_prompt={cfg.rollouts_per_prompt}.")
+    sources = [i for i in range(m) if eligible[i]]
+    if any(not running[i] for i in sources):
+        raise ValueError(f"trajectories {[i for i in sources if not running[i]]} are eligible but not running; only a "
+                         "running trajectory that just received a tool result can branch.")
+    if accepted.shape != (len(sources), cfg.branch_factor - 1) or accepted.dtype != torch.bool:
+        raise ValueError(f"accepted must be a bool [{len(sources)}, {cfg.branch_factor - 1}] tensor (eligible "
+                         f"trajectories × Z−1 attempts); got {accepted.dtype} {tuple(accepted.shape)}.")
+    left = cfg.rollouts_per_prompt - m
+    branches: list[int] = []
+    for source, row in zip(sources, accepted.sum(1).tolist()):
+        grant = min(int(row), left - len(branches))
+        branches.extend([source] * grant)
+    left -= len(branches)
+    topups = left if left > 0 and not branches and not any(running) else 0
+    return RoundPlan(branch_sources=tuple(branches), topups=topups)
+
+
+def apply_plan(trajectories: Sequence[ARPOTrajectory], plan: RoundPlan,
+               response_lengths: Sequence[int]) -> list[ARPOTrajectory]:
+    """The prompt's records with the plan's branches (then top-ups) appended, indices continuing.
+
+    response_lengths [m]: each trajectory's current response length, its last tool result included; a branch copies
+    that prefix (branch_pos = the source's length) and its source's H_init.
+    """
+    if len(response_lengths) != len(trajectories):
+        raise ValueError(f"response_lengths has {len(response_lengths)} entries for {len(trajectories)} trajectories.")
+    out = list(trajectories)
+    for source in plan.branch_sources:
+        src = trajectories[source]
+        if src.h_init is None:
+            raise ValueError(f"source {source} has no H_init: measure a trajectory's first turn before it can branch.")
+        out.append(ARPOTrajectory(index=len(out), parent=source, branch_pos=int(response_lengths[source]),
+                                  h_init=src.h_init))
+    out += [ARPOTrajectory(index=len(out) + q, is_topup=True) for q in range(plan.topups)]
+    return out
+
+
+def branch_metadata(trajectories: Sequence[ARPOTrajectory], cfg: ARPOConfig) -> dict[str, np.ndarray]:
+    """The prompt's non-tensor batch fields, in index order: arpo_index, arpo_parent, arpo_branch_pos, arpo_is_topup.
+
+    Raises unless exactly M trajectories exist (the group the advantage sees; never fill it by duplication).
+    """
+    if len(trajectories) != cfg.rollouts_per_prompt:
+        raise ValueError(f"a prompt ended with {len(trajectories)} trajectories, not arpo.rollouts_per_prompt="
+                         f"{cfg.rollouts_per_prompt}: the rollout must keep planning rounds until top-ups fill it.")
+    return {
+        "arpo_index": np.array([t.index for t in trajectories], dtype=np.int64),
+        "arpo_parent": np.array([t.parent for t in trajectories], dtype=np.int64),
+        "arpo_branch_pos": np.array([t.branch_pos for t in trajectories], dtype=np.int64),
+        "arpo_is_topup": np.array([t.is_topup for t in trajectories], dtype=bool),
+    }
+
+
+# -------------------------------------------------------------------------------------------------- the tree
+
+
+def soft_group_ids(uids: Sequence[Any]) -> Tensor:
+    """Dense group ids [B] (first-appearance order) from the prompt uids: soft attribution is plain GRPO/IGPO with
+    all M trajectories of a prompt, branches and top-ups included, in one group."""
+    ids: dict[Any, int] = {}
+    return torch.tensor([ids.setdefault(u, len(ids)) for u in uids], dtype=torch.long)
+
+
+def _check_tree(group: Tensor, index: Tensor, parent: Tensor, branch_pos: Tensor, L: int) -> None:
+    B = group.shape[0]
+    for name, t in (("group", group), ("index", index), ("parent", parent), ("branch_pos", branch_pos)):
+        if t.shape != (B,) or t.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"{name} must be an integer [B] = ({B},) tensor; got {t.dtype} {tuple(t.shape)}.")
+    roots = parent < 0
+    if bool((roots & (branch_pos != 0)).any()) or bool((~roots & ((branch_pos < 0) | (branch_pos > L))).any()):
+        raise ValueError(f"branch_pos {branch_pos.tolist()} must be 0 for roots (parent −1) and in [0, L={L}] for "
+                         "branches.")
+    if bool((~roots & (parent >= index)).any()):
+        raise ValueError(f"parent {parent.tolist()} must be an earlier index of the same group than index "
+                         f"{index.tolist()} (branches are created after their source).")
+
+
+def _blocks(group: Tensor, index: Tensor, parent: Tensor, branch_pos: Tensor,
+            L: int) -> list[tuple[Tensor, Tensor]]:
+    """Per prompt group that branched: (its rows [m], D among them [m, m]); groups without a branch share nothing
+    and are left out. Work and memory are O(Σ m²), never O(B²)."""
+    _check_tree(group, index, parent, branch_pos, L)
+    rows_of: dict[int, list[int]] = {}
+    for r, g in enumerate(group.tolist()):
+        rows_of.setdefault(g, []).append(r)
+    idx, par, pos = index.tolist(), parent.tolist(), branch_pos.tolist()
+    out = []
+    for g, rows in rows_of.items():
+        local = {}
+        for k, r in enumerate(rows):
+            if idx[r] in local:
+                raise ValueError(f"group {g} has index {idx[r]} twice (rows {rows[local[idx[r]]]} and {r}).")
+            local[idx[r]] = k
+        if all(par[r] < 0 for r in rows):
+            continue
+        # P[k, c]: min branch_pos on the path from k up to its ancestor c (L for c = k), −1 where c is no ancestor;
+        # D[a, b] = max over common ancestors c of min(P[a, c], P[b, c]): the value at the lowest common ancestor.
+        m = len(rows)
+        P = torch.full((m, m), -1, dtype=torch.long)
+        for k, r in enumerate(rows):
+            P[k, k] = low = L
+            while par[r] >= 0:
+                if par[r] not in local:
+                    raise ValueError(f"row {r}'s parent {par[r]} is not in group {g} of this batch.")
+                low = min(low, pos[r])
+                r = rows[local[par[r]]]
+                P[k, local[idx[r]]] = low
+        D = torch.minimum(P[:, None, :], P[None, :, :]).max(-1).values.clamp(min=0)
+        out.append((torch.tensor(rows, dtype=torch.long), D))
+    return out
+
+
+def shared_lengths(group: Tensor, index: Tensor, parent: Tensor, branch_pos: Tensor, L: int) -> Tensor:
+    """D [B, B]: response tokens rows i and j share by construction (min branch position on their tree path; 0 across
+    groups or roots; L on the diagonal). ``index``/``parent`` are within-group (arpo_index, arpo_parent), so rows may
+    come in any order (verl's balance_batch reorders them). Dense B × B: for checks and diagnostics."""
+    B = group.shape[0]
+    D = torch.eye(B, dtype=torch.long) * L
+    for rows, d in _blocks(group, index, parent, branch_pos, L):
+        D[rows[:, None], rows[None, :]] = d
+    return D
+
+
+def prefix_identical(responses: Tensor, group: Tensor, index: Tensor, parent: Tensor, branch_pos: Tensor) -> Tensor:
+    """[B] bool: each branch row equals its parent row on response positions [0, branch_pos); roots are True.
+    Run it on response ids and on the response (loss) mask: both must hold for the metadata to be right."""
+    B, L = responses.shape
+    _check_tree(group, index, parent, branch_pos, L)
+    row_of = {(g, i): r for r, (g, i) in enumerate(zip(group.tolist(), index.tolist()))}
+    ok = torch.ones(B, dtype=torch.bool)
+    for r in (parent >= 0).nonzero().flatten().tolist():
+        key = (int(group[r]), int(parent[r]))
+        if key not in row_of:
+            raise ValueError(f"row {r}'s parent {key[1]} is not in group {key[0]} of this batch.")
+        n = int(branch_pos[r])
+        ok[r] = bool(torch.equal(responses[r, :n], responses[row_of[key], :n]))
+    return ok
+
+
+def _segments(D: Tensor) -> list[tuple[int, int, Tensor]]:
+    """(a, b, E) per stretch [a, b) of response positions over which the sharing is fixed: E [m, m] = D ≥ b says which
+    rows share positions a..b−1 (D takes only the group's branch positions, 0 and L, so between two consecutive
+    values the relation D(i, j) > p cannot change). Stretches beyond the last shared position are left out."""
+    ends = sorted(set(D.clone().fill_diagonal_(0).flatten().tolist()) - {0})
+    return [(a, b, D >= b) for a, b in zip([0] + ends[:-1], ends)]
+
+
+def share_counts(group: Tensor, index: Tensor, parent: Tensor, branch_pos: Tensor, L: int) -> Tensor:
+    """|S(i, p)| [B, L]: how many rows share response position p of row i (1 = only itself). 1/|S| is the loss
+    weight that counts a shared token once under soft attribution's token-mean loss."""
+    count = torch.ones(group.shape[0], L, dtype=torch.long)
+    for rows, D in _blocks(group, index, parent, branch_pos, L):
+        block = torch.ones(len(rows), L, dtype=torch.long)
+        for a, b, E in _segments(D):
+            block[:, a:b] = E.sum(1, keepdim=True)
+        count.index_copy_(0, rows, block)
+    return count
+
+
+def hard_attribution(advantages: Tensor, response_mask: Tensor, group: Tensor, index: Tensor, parent: Tensor,
+                     branch_pos: Tensor) -> Tensor:
+    """``arpo_hard``: Â^hard_{i,p} = mean_{j∈S(i,p)} Â_{j,p} from per-trajectory token advantages [B, L].
+
+    Positions only row i owns keep Â_{i,p} exactly (so nothing branched ⇒ the input unchanged). The shared prefixes
+    must carry the same response mask in every copy (else the metadata is wrong: raises). Cost: one [m, m] × [m, b−a]
+    product per stretch of fixed sharing, per group that branched.
+    """
+    if advantages.dim() != 2 or not torch.is_floating_point(advantages):
+        raise ValueError(f"advantages must be a float [B, L] tensor; got {advantages.dtype} {tuple(advantages.shape)}.")
+    B, L = advantages.shape
+    if response_mask.shape != (B, L):
+        raise ValueError(f"response_mask {tuple(response_mask.shape)} must match advantages {(B, L)}.")
+    blocks = _blocks(group, index, parent, branch_pos, L)
+    out = advantages.clone()
+    if not blocks:
+        return out
+    bad = (~prefix_identical(response_mask, group, index, parent, branch_pos)).nonzero().flatten().tolist()
+    if bad:
+        raise ValueError(f"rows {bad} differ from their parent's response mask before branch_pos; the branch metadata "
+                         "does not describe these sequences.")
+    for rows, D in blocks:
+        block = advantages.index_select(0, rows)  # one gather per group: indexing [rows, a:b] is ~100× slower
+        for a, b, E in _segments(D):
+            count = E.sum(1, keepdim=True)
+            own = block[:, a:b].double()
+            block[:, a:b] = torch.where(count > 1, (E.double() / count) @ own, own).to(advantages.dtype)
+        out.index_copy_(0, rows, block)
+    return out
+
+
+def shared_turn_weights(turn_end: Tensor, turn_valid: Tensor, group: Tensor, index: Tensor, parent: Tensor,
+                        branch_pos: Tensor, L: int) -> tuple[Tensor, Tensor]:
+    """How shared turns enter group statistics (e.g. the IG pool's μ/σ): (weight [B, T], first [B, T]).
+
+    turn_end [B, T]: the exclusive end of the response tokens that determine turn t's value (for a turn-level IG:
+    through its tool result, i.e. the start of the next turn); turn_valid [B, T]: which turns exist. A turn is shared
+    by the rows j with D(i, j) ≥ turn_end; weight = 1/|shared| (the copies sum to one turn) and first = True on the
+    copy of the lowest index only (a dedup mask: pool each turn once). Invalid turns get weight 0, first False.
+    """
+    B, T = turn_end.shape
+    if turn_valid.shape != (B, T) or turn_valid.dtype != torch.bool:
+        raise ValueError(f"turn_valid must be a bool [B, T] = {(B, T)} tensor; got {turn_valid.dtype} "
+                         f"{tuple(turn_valid.shape)}.")
+    if bool((turn_valid & ((turn_end < 1) | (turn_end > L))).any()):
+        raise ValueError(f"valid turn ends must lie in [1, L={L}]; got {turn_end[turn_valid].tolist()}.")
+    count = torch.ones(B, T, dtype=torch.long)
+    first = torch.ones(B, T, dtype=torch.bool)
+    for rows, D in _blocks(group, index, parent, branch_pos, L):
+        shares = D[:, :, None] >= turn_end[rows][:, None, :]  # [m(i), m(j), T]: row j holds row i's turn t
+        count[rows] = shares.sum(1)
+        idx = index[rows][None, :, None].expand_as(shares)
+        lowest = torch.where(shares, idx, torch.iinfo(torch.long).max).min(1).values
+        first[rows] = lowest == index[rows][:, None]
+    return torch.where(turn_valid, 1.0 / count.double(), 0.0), turn_valid & first
