@@ -10,6 +10,7 @@ so a typo such as ``algorithm.igpo.norm_mod=joint`` fails at start-up instead of
 | advantage | ``igpo.core.advantage.AdvantageConfig`` | norm_mode, ig_weight, adaptive_gamma_min_weight, norm_order, norm_group, epsilon, scale_floor, scale_cap (+ algorithm.gamma, algorithm.norm_adv_by_std_in_grpo) |
 | curriculum | ``igpo.core.advantage.CurriculumConfig`` | use_curriculum, curriculum_{f1,ig}_{init,final}, curriculum_scope |
 | warm-up gate | ``IGPOConfig`` | ig_warmup_threshold, ig_warmup_ema_alpha, ig_warmup_timing |
+| infrastructure failures | ``IGPOConfig`` (``igpo.core.infra``) | infra_failure |
 | scoring | ``IGPOConfig`` + ``igpo.agent_config.RolloutScoringConfig`` | score_on, verify_scoring, answer_template_prefix, answer_template_suffix |
 | agent loop | ``igpo.agent_config.AgentLoopConfig`` | the ``agent`` sub-section |
 
@@ -31,6 +32,7 @@ from typing import Any, Mapping
 from igpo.agent_config import AgentLoopConfig, RolloutScoringConfig, _plain
 from igpo.core.advantage import WARMUP_TIMINGS, AdvantageConfig, CurriculumConfig
 from igpo.core.info_gain import InfoGainConfig
+from igpo.core.infra import INFRA_FAILURE_POLICIES
 from igpo.core.infopo import InfoPOConfig
 
 SCORE_ON = ("actor", "rollout")
@@ -43,7 +45,7 @@ _CURRICULUM_KEYS = {
     "curriculum_scope": "scope",
 }
 _OWN_KEYS = ("score_on", "verify_scoring", "answer_template_prefix", "answer_template_suffix",
-             "ig_warmup_threshold", "ig_warmup_ema_alpha", "ig_warmup_timing", "agent")
+             "ig_warmup_threshold", "ig_warmup_ema_alpha", "ig_warmup_timing", "infra_failure", "agent")
 
 # DR-Venus' algorithm-level keys (RL/verl/trainer/config/algorithm.py) -> what replaces each here.
 _SAME_NAME = ("ig_weight", "adaptive_gamma_min_weight", "info_gain_type", "ig_compute_freq", "ig_tool_filter",
@@ -122,6 +124,10 @@ class IGPOConfig:
     ig_warmup_ema_alpha: float = 0.1
     # Whether step t's own outcome can open the gate (igpo.core.advantage.WarmupGate documents both).
     ig_warmup_timing: str = "update_then_decide"
+    # What trains when a tool call failed for infrastructure reasons (timeout, 5xx, spent budget): mask_trajectory,
+    # mask_turn or keep (igpo.core.infra). None = the estimator's default: mask_trajectory for igpo and infopo; verl's
+    # stock estimators (grpo ...) cannot leave a row out of their group statistics, so they keep (with a warning).
+    infra_failure: str | None = None
 
     def __post_init__(self):
         if self.score_on not in SCORE_ON:
@@ -131,6 +137,9 @@ class IGPOConfig:
                              f"{WARMUP_TIMINGS}.")
         if not 0.0 < self.ig_warmup_ema_alpha <= 1.0:
             raise ValueError(f"algorithm.igpo.ig_warmup_ema_alpha={self.ig_warmup_ema_alpha} must be in (0, 1].")
+        if self.infra_failure is not None and self.infra_failure not in INFRA_FAILURE_POLICIES:
+            raise ValueError(f"algorithm.igpo.infra_failure={self.infra_failure!r} is unknown; use one of "
+                             f"{INFRA_FAILURE_POLICIES} (or leave it unset for the estimator's default).")
 
     @classmethod
     def from_algorithm(cls, algorithm: Mapping[str, Any]) -> "IGPOConfig":
@@ -148,7 +157,7 @@ class IGPOConfig:
         curriculum = CurriculumConfig(**_coerce(CurriculumConfig, {
             field: section[key] for key, field in _CURRICULUM_KEYS.items() if key in section}))
         own = {k: section[k] for k in ("score_on", "verify_scoring", "ig_warmup_threshold", "ig_warmup_ema_alpha",
-                                       "ig_warmup_timing") if k in section}
+                                       "ig_warmup_timing", "infra_failure") if k in section}
         for key in ("ig_warmup_threshold", "ig_warmup_ema_alpha"):
             if key in own:
                 own[key] = float(own[key])

@@ -47,6 +47,7 @@ from igpo.core.infopo import ContinuationRequest, InfoPOInputs, infopo_advantage
 from igpo.core.ground_truth import answer_probes
 from igpo.core.scoring import validate_request
 from igpo.core.advantage import WarmupGate, advantage_at_boundaries, curriculum_weights, last_response_token
+from igpo.core.infra import InfraMask, infra_mask
 from igpo.core.info_gain import ig_by_answer_seen, penalty_into_ig_pool, reduce_alias_logprobs, scored_boundaries, \
     turn_boundaries, turn_format_penalty, turn_information_gain
 
@@ -90,6 +91,16 @@ def _turn_tensors(extras: list[dict], length: int, alias_mode: str):
     return torch.tensor(num_turns), turn_ends, format_ok, tool_names, boundary_lp
 
 
+def _infra_failed_turns(extras: list[dict], width: int) -> torch.Tensor:
+    """[B, width] bool: turn t's tool call failed for infrastructure reasons (the agent loop's ``igpo_tool_status``
+    is ``infra_error``: a timeout, 5xx, connection error or spent budget)."""
+    failed = torch.zeros(len(extras), width, dtype=torch.bool)
+    for i, e in enumerate(extras):
+        for t, status in enumerate(list(e.get("igpo_tool_status") or [])[:width]):
+            failed[i, t] = status == "infra_error"
+    return failed
+
+
 def _answer_seen(extras: list[dict], num_turns: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(seen, known), [B, width] bool: the observation after turn j contained a gold alias (the agent loop's
     ``igpo_answer_seen``), and whether that is known (a sample without usable ground truth records nothing)."""
@@ -129,6 +140,38 @@ class IGPOTrainerSync(PPOTrainerSync):
                              "turn rewards; use actor_rollout_ref.actor.use_kl_loss=true instead.")
         self.warmup = WarmupGate(self.igpo.ig_warmup_threshold, self.igpo.ig_warmup_ema_alpha,
                                  self.igpo.ig_warmup_timing)
+        self.infra_failure = self._infra_failure_policy(estimator)
+
+    def _infra_failure_policy(self, estimator: str) -> str:
+        """``algorithm.igpo.infra_failure`` resolved for this estimator (unset: mask_trajectory where we compute the
+        advantage, keep for verl's stock estimators, whose group statistics cannot leave a row out)."""
+        chosen = self.igpo.infra_failure
+        if self.uses_igpo or self.uses_infopo:
+            return chosen or "mask_trajectory"
+        if chosen not in (None, "keep"):
+            raise ValueError(
+                f"algorithm.igpo.infra_failure={chosen} is not supported with algorithm.adv_estimator={estimator}: "
+                "verl's estimator computes its group statistics itself and cannot leave a trajectory out of them. "
+                "Use adv_estimator=igpo or infopo, or set algorithm.igpo.infra_failure=keep.")
+        logger.warning("igpo_sync: adv_estimator=%s trains on trajectories with infrastructure failures "
+                       "(algorithm.igpo.infra_failure=keep; masking them needs adv_estimator=igpo or infopo); they "
+                       "are counted in igpo/infra_errors", estimator)
+        return "keep"
+
+    def _infra_mask(self, extras: list[dict], response_mask: torch.Tensor, metrics: dict) -> InfraMask:
+        """What the infra_failure policy takes out of this batch (``igpo.core.infra``), with its two counters."""
+        num_turns, turn_ends, _, _, _ = _turn_tensors(extras, response_mask.shape[1], "first")
+        failed = _infra_failed_turns(extras, turn_ends.shape[1])
+        policy = getattr(self, "infra_failure", "mask_trajectory")  # resolved in __init__; unit tests skip it
+        mask = infra_mask(failed, num_turns, turn_ends, response_mask, policy)
+        metrics["igpo/infra_masked_trajectories"] = float(mask.rows.sum())
+        metrics["igpo/infra_masked_turns"] = float(mask.turns.sum())
+        if len(extras) and bool(mask.rows.all()):
+            # The actor's token-mean loss is then 0/0; verl skips an update whose gradient norm is not finite.
+            logger.warning("igpo: every trajectory of step %s hit an infrastructure failure and is masked "
+                           "(algorithm.igpo.infra_failure=%s): this step trains nothing; check the tool server",
+                           getattr(self, "global_steps", "?"), policy)
+        return mask
 
     def _init_resource_pool_mgr(self):
         """verl's worker layout, with the actor role served by our subclass (it adds the answer-scoring method)."""
@@ -224,12 +267,24 @@ class IGPOTrainerSync(PPOTrainerSync):
         def score_on_actor(scored, num_turns):
             return self._score_on_actor(batch, extras, scored, num_turns, metrics)
 
+        infra = self._infra_mask(extras, padded["response_mask"].bool(), metrics)
         advantages, returns = self._igpo_advantage(extras, uids, padded["response_mask"].bool(),
-                                                   padded["rm_scores"].float(), metrics, score_on_actor)
+                                                   padded["rm_scores"].float(), metrics, score_on_actor, infra=infra)
         metrics["timing_s/igpo_advantage"] = time.perf_counter() - started
-        output = TensorDict({"advantages": response_to_nested(advantages.float(), nested_mask),
-                             "returns": response_to_nested(returns.float(), nested_mask)}, batch_size=len(batch))
+        fields = {"advantages": response_to_nested(advantages.float(), nested_mask),
+                  "returns": response_to_nested(returns.float(), nested_mask)}
+        fields.update(self._masked_response(infra, padded["response_mask"], nested_mask))
+        output = TensorDict(fields, batch_size=len(batch))
         return tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=output)
+
+    @staticmethod
+    def _masked_response(infra: InfraMask, padded_mask: torch.Tensor, nested_mask) -> dict:
+        """The response mask to write back when the infra policy masked something: the actor's loss (policy
+        gradient and KL alike) and verl's metrics read ``response_mask`` from TransferQueue, as they do after
+        verl's rollout-correction rejection sampling. The nested layout (each row's length) is kept."""
+        if not infra.changed:
+            return {}
+        return {"response_mask": response_to_nested(infra.loss_mask.to(padded_mask.dtype), nested_mask)}
 
     def _compute_stock_advantage(self, batch, metrics: dict):
         """A non-IGPO estimator (e.g. ``grpo``): verl's own step on the outcome reward, plus our rollout metrics."""
@@ -237,14 +292,21 @@ class IGPOTrainerSync(PPOTrainerSync):
         extras = [e if isinstance(e, dict) else {} for e in data.pop("extra_fields").tolist()]
         num_turns = torch.tensor([int(e.get("igpo_num_turns") or 0) for e in extras], dtype=torch.long)
         metrics.update(self._rollout_metrics(extras, num_turns))
+        metrics["igpo/infra_masked_trajectories"] = metrics["igpo/infra_masked_turns"] = 0.0  # policy: keep
         return super()._compute_advantage(batch, metrics)
 
     def _igpo_advantage(self, extras: list[dict], uids: list, response_mask: torch.Tensor, rm_scores: torch.Tensor,
-                        metrics: dict, score_on_actor) -> tuple[torch.Tensor, torch.Tensor]:
+                        metrics: dict, score_on_actor, infra: InfraMask | None = None
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
         """IGPO advantages and returns [B, L] from the agent loop's records (no Ray, no TransferQueue: unit-tested).
 
         ``score_on_actor(scored, num_turns)`` returns the answer log-probs per boundary [B, T] when the actor scores.
+        ``infra``: what the infra_failure policy masks (computed here when not given; the caller that writes the
+        loss mask back passes its own). A masked trajectory gets no reward position, so it is in no group's
+        statistics, and a zero advantage; a masked turn loses its IG position and its tokens' advantage.
         """
+        if infra is None:
+            infra = self._infra_mask(extras, response_mask, metrics)
         B, L = response_mask.shape
         group_of: dict = {}
         group = torch.tensor([group_of.setdefault(u, len(group_of)) for u in uids], dtype=torch.long)
@@ -266,7 +328,9 @@ class IGPOTrainerSync(PPOTrainerSync):
             diff = (actor_lp - boundary_lp).abs()[both]
             metrics["igpo/scoring_rollout_vs_actor_max_abs_diff"] = float(diff.max()) if diff.numel() else float("nan")
 
-        gate_open = self.warmup.update(float(outcome[has_tokens].mean()) if bool(has_tokens.any()) else 0.0)
+        # An outage's outcome says nothing about the policy: masked rows do not move the warm-up gate either.
+        counted = has_tokens & ~infra.rows
+        gate_open = self.warmup.update(float(outcome[counted].mean()) if bool(counted.any()) else 0.0)
         ig, ig_turn_mask, ig_stats = turn_information_gain(boundary_lp.float(), scored, num_turns, self.igpo.info_gain)
         # Turn j < N-1 ends on its last generated token; the final turn carries the outcome instead.
         tool_turn = torch.arange(T - 1)[None, :] < (num_turns[:, None] - 1)
@@ -280,10 +344,14 @@ class IGPOTrainerSync(PPOTrainerSync):
 
         # The reference replaces the outcome by the answer-format penalty when the final answer is malformed.
         outcome = torch.where(answer_penalty != 0, answer_penalty, outcome)
-        ig_turn_mask = ig_turn_mask & tool_turn
-        tool_penalty = torch.where(tool_turn, penalty[:, :-1], 0.0)
+        # Masked rows keep no reward position (no outcome, IG or penalty), masked turns no IG or penalty position.
+        signal_turn = tool_turn & ~infra.rows[:, None] & ~infra.turns[:, :-1]
+        ig_turn_mask = ig_turn_mask & signal_turn
+        tool_penalty = torch.where(signal_turn, penalty[:, :-1], 0.0)
         if self.igpo.info_gain.format_penalty_mode == "in_ig_pool":
             ig, ig_turn_mask, tool_penalty = penalty_into_ig_pool(ig, ig_turn_mask, tool_penalty)
+        last = torch.where(infra.rows, -1, last)
+        response_mask = infra.loss_mask
         bounds = turn_boundaries(ig, ig_turn_mask, tool_penalty, turn_ends[:, :-1], outcome, last, response_mask)
 
         w_outcome, w_ig = curriculum_weights(self.global_steps, self.total_training_steps, self.igpo.curriculum,
@@ -324,12 +392,14 @@ class IGPOTrainerSync(PPOTrainerSync):
             return self._infopo_counterfactual(prompts, responses, extras, num_turns, turn_ends, old_log_probs,
                                                metrics)
 
+        infra = self._infra_mask(extras, padded["response_mask"].bool(), metrics)
         advantages = self._infopo_advantage(extras, uids, padded["response_mask"].bool(), padded["rm_scores"].float(),
-                                            metrics, counterfactual)
+                                            metrics, counterfactual, infra=infra)
         metrics["timing_s/infopo_advantage"] = time.perf_counter() - started
         nested = response_to_nested(advantages.float(), nested_mask)
-        output = TensorDict({"advantages": nested, "returns": response_to_nested(advantages.float(), nested_mask)},
-                            batch_size=len(batch))
+        fields = {"advantages": nested, "returns": response_to_nested(advantages.float(), nested_mask)}
+        fields.update(self._masked_response(infra, padded["response_mask"], nested_mask))
+        output = TensorDict(fields, batch_size=len(batch))
         return tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=output)
 
     def _infopo_counterfactual(self, prompts, responses, extras, num_turns, turn_ends, old_log_probs,
@@ -409,12 +479,16 @@ class IGPOTrainerSync(PPOTrainerSync):
         return intrinsic, scored, failed
 
     def _infopo_advantage(self, extras: list[dict], uids: list, response_mask: torch.Tensor, rm_scores: torch.Tensor,
-                          metrics: dict, counterfactual) -> torch.Tensor:
+                          metrics: dict, counterfactual, infra: InfraMask | None = None) -> torch.Tensor:
         """InfoPO advantages [B, L] (= returns) from the agent loop's records (no Ray, no TransferQueue: unit-tested).
 
         ``counterfactual(num_turns, turn_ends)`` returns (I, scored, failed), each [B, T]. Raises ``RuntimeError`` when
-        the failed turns pass ``algorithm.infopo.max_failed_turn_ratio``.
+        the failed turns pass ``algorithm.infopo.max_failed_turn_ratio``. ``infra`` as in ``_igpo_advantage``: masked
+        trajectories are left out of InfoPO's inputs (so out of every group statistic) and get a zero advantage; a
+        masked turn loses its intrinsic value and its tokens.
         """
+        if infra is None:
+            infra = self._infra_mask(extras, response_mask, metrics)
         B, L = response_mask.shape
         group_of: dict = {}
         group = torch.tensor([group_of.setdefault(u, len(group_of)) for u in uids], dtype=torch.long)
@@ -444,10 +518,17 @@ class IGPOTrainerSync(PPOTrainerSync):
         turn_rewards[has_turns, (num_turns - 1).clamp(min=0)[has_turns]] = outcome[has_turns]
         epoch = self.global_steps // max(1, int(getattr(self, "steps_per_epoch", 0) or 0)) \
             if getattr(self, "steps_per_epoch", 0) else 0
-        inputs = InfoPOInputs(turn_rewards=turn_rewards, num_turns=torch.where(has_turns, num_turns, 0),
-                              token_turn=token_turn, action_mask=response_mask, intrinsic=intrinsic,
-                              intrinsic_mask=scored, group=group, epoch=int(epoch))
-        advantages, stats = infopo_advantage(inputs, self.infopo)
+        keep = torch.nonzero(~infra.rows).squeeze(1)
+        # infopo_advantage wants dense group ids: renumber the groups of the rows that stay.
+        _, kept_group = torch.unique(group[keep], return_inverse=True)
+        inputs = InfoPOInputs(turn_rewards=turn_rewards[keep], num_turns=torch.where(has_turns, num_turns, 0)[keep],
+                              token_turn=token_turn[keep], action_mask=infra.loss_mask[keep], intrinsic=intrinsic[keep],
+                              intrinsic_mask=(scored & ~infra.turns)[keep], group=kept_group.reshape(-1),
+                              epoch=int(epoch))
+        advantages = torch.zeros(B, L, dtype=torch.float64)
+        stats = {}
+        if keep.numel():
+            advantages[keep], stats = infopo_advantage(inputs, self.infopo)
         metrics.update({f"infopo/{k}": v for k, v in stats.items()})
         metrics.update(self._rollout_metrics(extras, num_turns))
         return advantages

@@ -268,3 +268,28 @@ def test_config_refuses_unknown_keys_and_yaml_defaults_match_the_dataclass():
     section = yaml.safe_load((REPO / "configs" / "igpo_base.yaml").read_text())["algorithm"]["infopo"]
     assert infopo_config_from_algorithm({"infopo": section}) == InfoPOConfig()
     assert infopo_config_from_algorithm({"infopo": {"intrinsic_weight": 1}, "gamma": 0.8}).intrinsic_weight == 1.0
+
+
+def test_trainer_leaves_a_trajectory_with_an_infrastructure_failure_out_of_infopo():
+    """Default infra_failure (mask_trajectory): the failed rollout gets no advantage and is not in its siblings' group
+    statistics (the two clean rollouts get exactly what they get without it); keep trains on it."""
+    extras, uids, mask, scores = _records()
+    extras = [dict(extras[0], igpo_tool_status=["ok", "ok", "answer"]) for _ in range(3)]
+    extras[2]["igpo_tool_status"] = ["infra_error", "ok", "answer"]
+    mask, scores = torch.cat([mask, mask[:1]]), torch.cat([scores, scores[:1]])
+    scores[0, 11], scores[2, 11] = 1.0, 0.3
+    intrinsic = torch.tensor([[1.0, 0.0, 0.0], [-1.0, 0.5, 0.0], [-4.0, 0.0, 0.0]], dtype=torch.float64)
+
+    def counterfactual(num_turns, turn_ends):
+        n = len(num_turns)
+        return intrinsic[:n], torch.tensor([[True, True, False]] * n), torch.zeros(n, 3, dtype=torch.bool)
+
+    metrics = {}
+    adv = _trainer()._infopo_advantage(extras, uids + ["q0"], mask, scores, metrics, counterfactual)
+    alone = _trainer()._infopo_advantage(extras[:2], uids, mask[:2], scores[:2], {}, counterfactual)
+    assert adv[2].abs().max() == 0 and torch.allclose(adv[:2], alone)
+    assert metrics["igpo/infra_masked_trajectories"] == 1.0
+    trainer = _trainer()
+    trainer.infra_failure = "keep"
+    kept = trainer._infopo_advantage(extras, uids + ["q0"], mask, scores, {}, counterfactual)
+    assert kept[2].abs().max() > 0 and not torch.allclose(kept[:2], alone)

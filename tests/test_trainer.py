@@ -62,6 +62,7 @@ def _trainer(step: int = 1, total: int = 10, **igpo):
     trainer = object.__new__(IGPOTrainerSync)  # only what _igpo_advantage reads; no Ray, no workers
     trainer.igpo = IGPOConfig.from_algorithm(algorithm)
     trainer.warmup = WarmupGate(trainer.igpo.ig_warmup_threshold, trainer.igpo.ig_warmup_ema_alpha)
+    trainer.infra_failure = trainer.igpo.infra_failure or "mask_trajectory"  # as __init__ resolves it for igpo
     trainer.global_steps, trainer.total_training_steps = step, total
     return trainer
 
@@ -177,3 +178,87 @@ def test_igpo_state_is_complete_before_verl_points_resume_at_the_step(tmp_path, 
     trainer._save_checkpoint()
     assert seen["state"] == {"warmup_gate": trainer.warmup.state_dict()}
     assert not list(tmp_path.rglob("*.tmp"))
+
+
+# ---- infrastructure failures out of the learning signal (algorithm.igpo.infra_failure) ------------------------------
+# Trajectory 1's first search timed out (tool status infra_error): an outage, not the policy's mistake.
+
+def _with_outage(records, row: int = 1, turn: int = 0):
+    extras, uids, mask, scores = records
+    extras = [dict(e, igpo_tool_status=["ok", "ok", "answer"]) for e in extras]
+    extras[row]["igpo_tool_status"][turn] = "infra_error"
+    return extras, uids, mask, scores
+
+
+def _solo(records, row: int):
+    extras, uids, mask, scores = records
+    return [extras[row]], [uids[row]], mask[row:row + 1], scores[row:row + 1]
+
+
+def _three_rollouts():
+    """Three rollouts of one prompt, so that a sibling's group statistics exist without the masked one."""
+    extras, uids, mask, scores = _records([(-3.0, -2.0, -1.0), (-3.0, -3.5, -4.0)], outcome=(1.0, 0.0))
+    third, _, _, third_scores = _records([(-3.0, -2.5, -2.0)] * 2, outcome=(0.2, 0.2))
+    return (extras + third[:1], uids + ["q0"], torch.cat([mask, mask[:1]]), torch.cat([scores, third_scores[:1]]))
+
+
+def test_default_policy_masks_a_failed_trajectory_out_of_loss_and_group_statistics():
+    records = _with_outage(_three_rollouts())
+    trainer = _trainer()
+    metrics = {}
+    infra = trainer._infra_mask(records[0], records[2], metrics)
+    assert infra.rows.tolist() == [False, True, False]
+    assert not infra.loss_mask[1].any() and torch.equal(infra.loss_mask[[0, 2]], records[2][[0, 2]])
+    assert metrics["igpo/infra_masked_trajectories"] == 1.0 and metrics["igpo/infra_masked_turns"] == 0.0
+    adv, metrics = _run(trainer, records)
+    assert adv[1].abs().max() == 0  # no advantage, and no loss token either (loss_mask above)
+    # No group weight: the siblings' advantages are those of a group without the masked trajectory.
+    extras, uids, mask, scores = records
+    alone, _ = _run(_trainer(), ([extras[0], extras[2]], ["q0", "q0"], mask[[0, 2]], scores[[0, 2]]))
+    assert torch.allclose(adv[[0, 2]], alone)
+    assert metrics["igpo/infra_masked_trajectories"] == 1.0
+
+
+def test_keep_policy_trains_on_the_failed_trajectory():
+    records = _with_outage(_three_rollouts())
+    trainer = _trainer(infra_failure="keep")
+    infra = trainer._infra_mask(records[0], records[2], {})
+    assert not infra.changed and torch.equal(infra.loss_mask, records[2])
+    adv, metrics = _run(trainer, records)
+    assert adv[1].abs().max() > 0 and metrics["igpo/infra_masked_trajectories"] == 0.0
+    extras, uids, mask, scores = records
+    alone, _ = _run(_trainer(), ([extras[0], extras[2]], ["q0", "q0"], mask[[0, 2]], scores[[0, 2]]))
+    assert not torch.allclose(adv[[0, 2]], alone)  # the failed trajectory weighs in its siblings' statistics
+
+
+def test_mask_turn_drops_only_the_failed_turn():
+    records = _with_outage(_records([(-3.0, -2.0, -1.0), (-3.0, -3.5, -4.0)]), row=1, turn=0)
+    trainer = _trainer(infra_failure="mask_turn")
+    metrics = {}
+    infra = trainer._infra_mask(records[0], records[2], metrics)
+    assert metrics["igpo/infra_masked_turns"] == 1.0 and metrics["igpo/infra_masked_trajectories"] == 0.0
+    assert not infra.loss_mask[1, 0:3].any() and infra.loss_mask[1, 6:8].all() and infra.loss_mask[1, 10:12].all()
+    assert torch.equal(infra.loss_mask[0], records[2][0])
+    adv, metrics = _run(trainer, records)
+    assert adv[1, 0:3].abs().max() == 0 and adv[1, 6:8].abs().min() > 0  # turn 1 still carries its (discounted) IG
+
+
+def test_a_failed_last_kept_turn_masks_its_trajectory_under_mask_turn():
+    # The response was cut after turn 1, whose search failed: that turn carries the outcome, so the row goes.
+    extras, uids, mask, scores = _with_outage(_records([(-3.0, -2.0, -1.0)] * 2), row=1, turn=1)
+    extras[1]["igpo_num_turns"] = 2
+    infra = _trainer(infra_failure="mask_turn")._infra_mask(extras, mask, {})
+    assert infra.rows.tolist() == [False, True] and not infra.turns.any() and not infra.loss_mask[1].any()
+
+
+def test_infra_masking_with_a_stock_estimator_is_refused_and_its_default_is_keep():
+    trainer = _trainer(infra_failure="mask_trajectory")
+    trainer.uses_igpo = trainer.uses_infopo = False
+    with pytest.raises(ValueError, match="infra_failure=mask_trajectory is not supported with "
+                                         "algorithm.adv_estimator=grpo.*infra_failure=keep"):
+        trainer._infra_failure_policy("grpo")
+    unset = _trainer()
+    unset.uses_igpo = unset.uses_infopo = False
+    assert unset._infra_failure_policy("grpo") == "keep"
+    with pytest.raises(ValueError, match="infra_failure='mask_all' is unknown"):
+        _trainer(infra_failure="mask_all")
