@@ -77,8 +77,9 @@ def build_service(config: ServerConfig, secrets: Secrets | None = None) -> ToolS
         # the passages a search returns live in the response cache, so a cached search and its visits agree
         backend = RetrieverBackend(config, stats, passages=cache)
     else:
-        stats = Stats([])
-        backend = LocalBackend(config.corpus, index_dir=config.index_dir)
+        stats = Stats(LocalBackend.upstream_names)
+        # --budget-search caps the search upstream of every backend (build_config puts it in each upstream's limits)
+        backend = LocalBackend(config.corpus, index_dir=config.index_dir, stats=stats, budget=config.retriever.budget)
     redactor = Redactor(secrets.values() if secrets else [])
     return ToolService(config, backend, cache, stats, redact=redactor)
 

@@ -23,6 +23,7 @@ class Stats:
         self.upstream_calls: Counter[str] = Counter({n: 0 for n in self.upstream_names})
         self.upstream_failures: Counter[tuple[str, str]] = Counter()  # (upstream, reason) -> attempts
         self.upstream_budget: dict[str, int | None] = {}
+        self.upstream_retries: Counter[str] = Counter()  # failed attempts followed by another attempt
 
     def record(self, tool: str, latency_s: float, error_kind: str | None) -> None:
         self.calls[tool] += 1
@@ -44,6 +45,7 @@ class Stats:
             "latency": latency,
             "errors": dict(self.errors),
             "upstream": {n: {"calls": self.upstream_calls[n], "budget": self.upstream_budget.get(n),
+                             "retries": self.upstream_retries[n],
                              "failures": {r: c for (u, r), c in self.upstream_failures.items() if u == n}}
                          for n in self.upstream_names},
         }
@@ -79,6 +81,10 @@ class Stats:
                   "# TYPE tool_server_upstream_failures_total counter"]
         lines += [f'tool_server_upstream_failures_total{{upstream="{u}",reason="{r}"}} {n}'
                   for (u, r), n in sorted(self.upstream_failures.items())]
+        lines += ["# HELP tool_server_upstream_retries_total Failed upstream attempts that were retried.",
+                  "# TYPE tool_server_upstream_retries_total counter"]
+        lines += [f'tool_server_upstream_retries_total{{upstream="{u}"}} {self.upstream_retries[u]}'
+                  for u in sorted(self.upstream_names)]
         return "\n".join(lines) + "\n"
 
 

@@ -131,6 +131,7 @@ class Upstream:
             if time.monotonic() + delay >= deadline:
                 last += f"; the next retry (in {delay:.1f}s) would pass the deadline"
                 break
+            self.stats.upstream_retries[self.name] += 1
             await asyncio.sleep(delay)
         raise ToolError("infra", f"{self.name} is unavailable: {last}", retryable=True)
 

@@ -37,6 +37,8 @@ from bm25s.stopwords import STOPWORDS_EN
 logging.getLogger("bm25s").setLevel(logging.WARNING)  # bm25s sets its logger to DEBUG on import
 
 from ..errors import ToolError
+from ..limits import Budget
+from ..stats import Stats
 from .base import PageResult, SearchHit
 
 log = logging.getLogger(__name__)
@@ -284,11 +286,17 @@ class LocalBackend:
     """
 
     name = "local"
-    upstream_names: list[str] = []
+    # Index searches are counted like an upstream's calls, so that /stats, the trainer's tools/* metrics and a
+    # --budget-search cap (a rehearsal of a paid run's budget on the free index) behave as with the web backend.
+    upstream_names: list[str] = ["local"]
     cacheable = False
 
     def __init__(self, corpus_path: str | Path, index_dir: str | Path | None = None,
-                 progress_every_s: float = 10.0) -> None:
+                 progress_every_s: float = 10.0, stats: Stats | None = None, budget: int | None = None) -> None:
+        self.stats = stats
+        self.budget = Budget("local index search", budget, "--budget-search")
+        if stats is not None:
+            stats.upstream_budget["local"] = budget
         self.corpus_path = Path(corpus_path)
         key = index_key(self.corpus_path)
         self._digest = key[:16]
@@ -383,6 +391,9 @@ class LocalBackend:
         return positive[np.lexsort((positive, -values))][:topk]
 
     async def search_one(self, query: str, topk: int, deadline: float) -> list[SearchHit]:
+        self.budget.charge()
+        if self.stats is not None:
+            self.stats.upstream_calls["local"] += 1
         tokens = bm25s.tokenize([query], stopwords="en", return_ids=False, show_progress=False)[0]
         if not tokens:
             return []  # only stop words or punctuation: nothing to match

@@ -1,0 +1,138 @@
+"""Tool spend and health per training step, from the tool server's ``GET /stats`` (issue #16).
+
+The trainer reads ``/stats`` once per step and logs the change since the previous step as ``tools/*`` metrics, plus
+running totals (``tools/*_total``) that the launcher's final summary prints:
+
+    tools/calls/<tool>, tools/calls_total        tool items served (one query / one URL each), by tool
+    tools/upstream_calls/<upstream>              upstream HTTP attempts (what a paid API bills), by upstream
+    tools/cache_hit_ratio, ..._total             hits / (hits + misses) of the response cache (absent: no lookups)
+    tools/retries                                upstream attempts that were retried after a failure
+    tools/failures/<kind>                        items that ended in an error, by class (infra, budget, bad_request)
+    tools/cost_usd, tools/cost_usd_total         upstream attempts x ``tools.price_per_1k.<upstream>`` / 1000
+    tools/budget_spent                           1 when an upstream with a budget (--budget-search ...) has spent it
+
+Prices live in the ``tools`` section of the training config (``configs/igpo_base.yaml``), keyed by upstream name as
+``/stats`` reports it (serper, jina, summarizer for the web backend; retriever; local): USD per 1,000 attempts. The
+price of an upstream left out is 0. Pure functions on two snapshots; ``fetch_stats`` is the one HTTP call.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ToolSpendConfig:
+    """The ``tools`` config section: ``price_per_1k`` (upstream -> USD per 1,000 upstream attempts) and
+    ``stop_on_budget`` (end the run cleanly, checkpoint saved, once a tool budget is spent)."""
+
+    price_per_1k: dict[str, float] = field(default_factory=dict)
+    stop_on_budget: bool = True
+
+    @classmethod
+    def from_dict(cls, section: Mapping[str, Any] | None) -> "ToolSpendConfig":
+        section = dict(section or {})
+        unknown = sorted(set(section) - {"price_per_1k", "stop_on_budget"})
+        if unknown:
+            raise ValueError(f"unknown key(s) tools.{unknown}: known keys are ['price_per_1k', 'stop_on_budget'] "
+                             "(see configs/igpo_base.yaml).")
+        prices = {}
+        for name, value in dict(section.get("price_per_1k") or {}).items():
+            try:
+                prices[str(name)] = float(value)
+            except (TypeError, ValueError):
+                raise ValueError(f"tools.price_per_1k.{name}={value!r} is not a number; give USD per 1,000 upstream "
+                                 "calls, e.g. tools.price_per_1k.serper=1.0") from None
+            if prices[str(name)] < 0:
+                raise ValueError(f"tools.price_per_1k.{name}={value} is negative; prices are >= 0.")
+        return cls(price_per_1k=prices, stop_on_budget=bool(section.get("stop_on_budget", True)))
+
+
+def fetch_stats(url: str, timeout_s: float = 5.0) -> dict | None:
+    """``GET <url>/stats`` as a dict; None (with a warning) when the server does not answer: spend monitoring must
+    not stop training, but a missing step is visible (its tools/* metrics are absent)."""
+    import httpx
+
+    try:
+        response = httpx.get(url.rstrip("/") + "/stats", timeout=timeout_s)
+        response.raise_for_status()
+        return response.json()
+    except (httpx.HTTPError, ValueError) as error:
+        logger.warning("igpo: could not read the tool server's /stats at %s (%s); this step has no tools/* metrics",
+                       url, type(error).__name__)
+        return None
+
+
+def _upstreams(stats: Mapping) -> dict[str, dict]:
+    return dict(stats.get("upstream") or {})
+
+
+def step_metrics(previous: Mapping | None, current: Mapping, prices: Mapping[str, float]) -> dict[str, float]:
+    """The ``tools/*`` metrics of one step: ``current - previous`` (``previous`` None: since the server started),
+    plus running totals from ``current``."""
+    previous = previous or {}
+
+    def delta(now: float, before: float) -> float:
+        return float(now or 0) - float(before or 0)
+
+    metrics: dict[str, float] = {}
+    calls_now, calls_before = dict(current.get("calls") or {}), dict(previous.get("calls") or {})
+    for tool, n in calls_now.items():
+        metrics[f"tools/calls/{tool}"] = delta(n, calls_before.get(tool))
+    metrics["tools/calls"] = delta(sum(calls_now.values()), sum(calls_before.values()))
+    metrics["tools/calls_total"] = float(sum(calls_now.values()))
+    cache_now, cache_before = dict(current.get("cache") or {}), dict(previous.get("cache") or {})
+    hits = delta(cache_now.get("hits"), cache_before.get("hits"))
+    lookups = hits + delta(cache_now.get("misses"), cache_before.get("misses"))
+    if lookups:
+        metrics["tools/cache_hit_ratio"] = hits / lookups
+    total_lookups = float(cache_now.get("hits") or 0) + float(cache_now.get("misses") or 0)
+    if total_lookups:
+        metrics["tools/cache_hit_ratio_total"] = float(cache_now.get("hits") or 0) / total_lookups
+    errors_now, errors_before = dict(current.get("errors") or {}), dict(previous.get("errors") or {})
+    for kind, n in errors_now.items():
+        metrics[f"tools/failures/{kind}"] = delta(n, errors_before.get(kind))
+    cost = cost_total = retries = upstream_total = 0.0
+    before_up = _upstreams(previous)
+    for name, entry in _upstreams(current).items():
+        made = delta(entry.get("calls"), (before_up.get(name) or {}).get("calls"))
+        metrics[f"tools/upstream_calls/{name}"] = made
+        upstream_total += float(entry.get("calls") or 0)
+        price = float(prices.get(name, 0.0)) / 1000.0
+        cost += made * price
+        cost_total += float(entry.get("calls") or 0) * price
+        retries += delta(entry.get("retries"), (before_up.get(name) or {}).get("retries"))
+    metrics["tools/upstream_calls_total"] = upstream_total
+    metrics["tools/retries"] = retries
+    metrics["tools/cost_usd"] = cost
+    metrics["tools/cost_usd_total"] = cost_total
+    metrics["tools/budget_spent"] = float(bool(spent_budgets(current)))
+    return metrics
+
+
+def spent_budgets(stats: Mapping) -> list[str]:
+    """One line per upstream whose budget is spent (its attempts reached ``budget``: the next call is refused)."""
+    lines = []
+    for name, entry in _upstreams(stats).items():
+        budget = entry.get("budget")
+        if budget is not None and int(entry.get("calls") or 0) >= int(budget):
+            lines.append(f"{name}: {int(entry.get('calls') or 0)} of a budget of {int(budget)} upstream calls")
+    return lines
+
+
+def totals(stats: Mapping | None, prices: Mapping[str, float]) -> dict[str, Any] | None:
+    """A run's tool totals (for evaluate.py's settings.json): calls, cache hit ratio, upstream calls, failures and the
+    estimated cost in USD; None without stats."""
+    if not stats:
+        return None
+    metrics = step_metrics(None, stats, prices)
+    return {"calls": metrics["tools/calls_total"], "cache_hit_ratio": metrics.get("tools/cache_hit_ratio_total"),
+            "upstream_calls": {k.split("/", 2)[2]: v for k, v in metrics.items() if k.startswith("tools/upstream_calls/")},
+            "retries": metrics["tools/retries"],
+            "failures": {k.split("/", 2)[2]: v for k, v in metrics.items() if k.startswith("tools/failures/")},
+            "estimated_cost_usd": round(metrics["tools/cost_usd_total"], 6), "price_per_1k": dict(prices),
+            "budget_spent": spent_budgets(stats)}
