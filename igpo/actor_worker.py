@@ -109,6 +109,28 @@ class IGPOActorRolloutRefWorker(ActorRolloutRefWorker):
         with self._scoring_module() as module:
             return score_counterfactual_share(module, requests, scoring, rank, world)
 
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def igpo_worker_report(self, with_digest: bool) -> dict:
+        """This rank's Ray node and, with ``with_digest``, a SHA-256 of its shard of the actor weights.
+
+        The trainer logs both: the node ids show verl's placement across nodes (and that this class, ours, runs on
+        each), the digests let a resumed run be checked against what was saved (same bytes, same digest).
+        """
+        import hashlib
+
+        import ray
+
+        report = {"rank": dist.get_rank() if dist.is_initialized() else 0,
+                  "node_id": ray.get_runtime_context().get_node_id()}
+        if with_digest:
+            digest = hashlib.sha256()
+            for name, tensor in sorted(self.actor.engine.module.state_dict().items()):
+                local = tensor.to_local() if hasattr(tensor, "to_local") else tensor  # an FSDP2 shard (DTensor)
+                digest.update(name.encode())
+                digest.update(local.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+            report["digest"] = digest.hexdigest()[:16]
+        return report
+
     @contextlib.contextmanager
     def _scoring_module(self) -> Iterator[torch.nn.Module]:
         """The actor's module with the training weights (θ_old), on the device, in eval mode, without autograd; the

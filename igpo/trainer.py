@@ -42,6 +42,8 @@ from verl.workers.utils.padding import response_to_nested
 
 from igpo.config import IGPOConfig, infopo_config_from_algorithm
 from igpo.estimator import ESTIMATOR_NAMES, INFOPO_NAMES
+from igpo.agent_config import _plain
+from igpo.tool_spend import ToolSpendConfig, fetch_stats, spent_budgets, step_metrics
 from igpo.launch_plan import check_estimator, check_infopo, check_rollout_correction
 from igpo.core.infopo import ContinuationRequest, InfoPOInputs, infopo_advantage, observation_content_span
 from igpo.core.ground_truth import answer_probes
@@ -141,6 +143,9 @@ class IGPOTrainerSync(PPOTrainerSync):
         self.warmup = WarmupGate(self.igpo.ig_warmup_threshold, self.igpo.ig_warmup_ema_alpha,
                                  self.igpo.ig_warmup_timing)
         self.infra_failure = self._infra_failure_policy(estimator)
+        self.tool_spend = ToolSpendConfig.from_dict(_plain(config.get("tools", None)))
+        self._tool_stats: dict | None = None  # the tool server's /stats at the end of the previous step
+        self._step_seconds: list[float] = []  # wall time of each step of this process (for the ETA)
 
     def _infra_failure_policy(self, estimator: str) -> str:
         """``algorithm.igpo.infra_failure`` resolved for this estimator (unset: mask_trajectory where we compute the
@@ -538,6 +543,54 @@ class IGPOTrainerSync(PPOTrainerSync):
         # The step's wall time is known only now; actor-side scoring is IGPO's main extra cost, so report its share.
         if "timing_s/igpo_scoring" in metrics and timing_raw.get("step"):
             metrics["igpo/scoring_step_share"] = metrics["timing_s/igpo_scoring"] / timing_raw["step"]
+        metrics.update(self._progress_metrics(timing_raw))
+        self._record_tool_spend(metrics)
+
+    # ---- progress, tool spend and budgets ----------------------------------------------------------------------
+
+    def _progress_metrics(self, timing_raw: dict) -> dict[str, float]:
+        """``progress/total_steps`` and ``progress/eta_s`` (mean wall time of this process's steps, validation
+        included, times the steps left): the launcher prints ``step i/N ETA``."""
+        self._step_seconds.append(float(timing_raw.get("step", 0.0)) + float(timing_raw.get("testing", 0.0)))
+        left = max(0, int(self.total_training_steps) - int(self.global_steps))
+        return {"progress/total_steps": float(self.total_training_steps),
+                "progress/eta_s": left * float(np.mean(self._step_seconds))}
+
+    def on_train_begin(self):
+        super().on_train_begin()
+        # The baseline of step 1's tools/* deltas: validation before training is not charged to step 1.
+        url = self.igpo.agent.tool_server_url
+        if url is not None:
+            self._tool_stats = fetch_stats(url)
+
+    def _record_tool_spend(self, metrics: dict) -> None:
+        """Log this step's ``tools/*`` metrics (``igpo.tool_spend``); when a tool budget is spent, save a checkpoint
+        and end the run after this step (``tools.stop_on_budget``) instead of training on refused tool calls."""
+        url = self.igpo.agent.tool_server_url
+        stats = fetch_stats(url) if url is not None else None
+        if stats is None:
+            return
+        metrics.update(step_metrics(self._tool_stats, stats, self.tool_spend.price_per_1k))
+        self._tool_stats = stats
+        spent = spent_budgets(stats)
+        if spent and self.tool_spend.stop_on_budget and self.global_steps < self.total_training_steps:
+            self._stop_on_budget(spent, metrics)
+
+    def _stop_on_budget(self, spent: list[str], metrics: dict) -> None:
+        step, total = int(self.global_steps), int(self.total_training_steps)
+        save_freq = int(self.config.trainer.save_freq)
+        folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{step}")
+        if not (save_freq > 0 and step % save_freq == 0):  # verl saved this step already otherwise
+            self._save_checkpoint()
+        metrics["training/stopped_on_tool_budget"] = 1.0
+        # verl's loop runs while global_steps <= total_training_steps: it ends after logging this step's metrics.
+        self.total_training_steps = step
+        message = (f"igpo: tool budget spent ({'; '.join(spent)}): stopping cleanly after step {step}/{total}; "
+                   f"checkpoint {folder}. To continue, restart the tool server with a larger --budget-* and rerun "
+                   "with trainer.resume_mode=auto and the same trainer.default_local_dir (tools.stop_on_budget=false "
+                   "trains on with the refused calls masked).")
+        logger.warning(message)
+        print(message, flush=True)  # the launcher shows it on the terminal
 
     def _val_metrics_update(self, data_sources, sample_uids, reward_extra_infos_dict, sample_turns, *args, **kwargs):
         """verl's per-data-source validation metrics, plus the mean over every validation sample (``val-core/all/f1``,
@@ -572,6 +625,25 @@ class IGPOTrainerSync(PPOTrainerSync):
 
     # ---- checkpointed state ------------------------------------------------------------------------------------
 
+    def on_init_end(self):
+        super().on_init_end()
+        # Where verl placed the actor ranks (one Ray node id per rank): a multi-node run shows one rank per node.
+        nodes = [r["node_id"] for r in sorted(self.actor_rollout_wg.igpo_worker_report(False), key=lambda r: r["rank"])]
+        logger.warning("igpo: actor ranks on Ray nodes %s (%d distinct)", json.dumps(nodes), len(set(nodes)))
+
+    def _checkpoint_report(self) -> dict:
+        """What a resume must restore, in one line: global step, warm-up gate, curriculum position, dataloader
+        position and a digest of each actor rank's weights."""
+        data = self.train_dataloader.state_dict()
+        w_outcome, w_ig = curriculum_weights(self.global_steps, self.total_training_steps, self.igpo.curriculum,
+                                             ig_active=self.warmup.active)
+        ranks = sorted(self.actor_rollout_wg.igpo_worker_report(True), key=lambda r: r["rank"])
+        return {"global_step": self.global_steps, "warmup_gate": self.warmup.state_dict(),
+                "curriculum": [w_outcome, w_ig],
+                "dataloader": {"batches": data.get("_num_yielded"),
+                               "samples": (data.get("_sampler_iter_state") or {}).get("samples_yielded")},
+                "actor_digests": [r["digest"] for r in ranks]}
+
     def _save_checkpoint(self):
         # Our state goes into the step's folder BEFORE verl's save, which ends by pointing
         # latest_checkpointed_iteration.txt at that folder: a crash in between leaves the pointer on the previous
@@ -580,22 +652,34 @@ class IGPOTrainerSync(PPOTrainerSync):
         folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
         os.makedirs(folder, exist_ok=True)
         path = os.path.join(folder, STATE_FILE)
+        report = self._checkpoint_report()
         with open(path + ".tmp", "w") as handle:
-            json.dump({"warmup_gate": self.warmup.state_dict()}, handle)
+            json.dump({"warmup_gate": self.warmup.state_dict(), "saved": report}, handle)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(path + ".tmp", path)
         super()._save_checkpoint()
+        logger.warning("igpo: checkpoint saved: %s", json.dumps(report, sort_keys=True))
+
+    def _resume_folder(self) -> str:
+        """The step folder verl's ``_load_checkpoint`` just resumed from (it set ``global_steps`` from its name):
+        ``resume_from_path`` only in resume_mode=resume_path (auto ignores it), else the step under
+        ``default_local_dir``; relative paths against the working directory, as verl resolves them."""
+        if self.config.trainer.resume_mode == "resume_path":
+            folder = self.config.trainer.resume_from_path
+        else:
+            folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
+        return folder if os.path.isabs(folder) else os.path.join(os.getcwd(), folder)
 
     def _load_checkpoint(self):
         super()._load_checkpoint()
         if not self.global_steps:
             return
-        folder = self.config.trainer.get("resume_from_path") or os.path.join(
-            self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
+        folder = self._resume_folder()
         path = os.path.join(folder, STATE_FILE)
         if os.path.isfile(path):
             with open(path) as handle:
                 self.warmup.load_state_dict(json.load(handle).get("warmup_gate", {}))
         else:
             logger.warning("igpo: no %s in %s; the IG warm-up gate restarts from scratch", STATE_FILE, folder)
+        logger.warning("igpo: resumed from %s: %s", folder, json.dumps(self._checkpoint_report(), sort_keys=True))

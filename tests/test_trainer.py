@@ -155,6 +155,15 @@ def test_unknown_estimator_is_a_configuration_error():
         check_estimator("arpo")
 
 
+def _fake_checkpointed_parts(trainer):
+    """The dataloader and actor workers the checkpoint report reads, without Ray."""
+    from types import SimpleNamespace
+
+    trainer.train_dataloader = SimpleNamespace(state_dict=lambda: {"_num_yielded": 3})
+    trainer.actor_rollout_wg = SimpleNamespace(
+        igpo_worker_report=lambda with_digest: [{"rank": 0, "node_id": "n0", "digest": "d0"}])
+
+
 def test_igpo_state_is_complete_before_verl_points_resume_at_the_step(tmp_path, monkeypatch):
     import json
 
@@ -167,6 +176,7 @@ def test_igpo_state_is_complete_before_verl_points_resume_at_the_step(tmp_path, 
     trainer.config = OmegaConf.create({"trainer": {"default_local_dir": str(tmp_path)}})
     trainer.global_steps = 3
     trainer.warmup.update(0.25)
+    _fake_checkpointed_parts(trainer)
     seen = {}
 
     def verl_save(self):  # verl writes latest_checkpointed_iteration.txt last; our state must already be there
@@ -176,7 +186,8 @@ def test_igpo_state_is_complete_before_verl_points_resume_at_the_step(tmp_path, 
 
     monkeypatch.setattr(PPOTrainerSync, "_save_checkpoint", verl_save)
     trainer._save_checkpoint()
-    assert seen["state"] == {"warmup_gate": trainer.warmup.state_dict()}
+    assert seen["state"]["warmup_gate"] == trainer.warmup.state_dict()
+    assert seen["state"]["saved"]["global_step"] == 3
     assert not list(tmp_path.rglob("*.tmp"))
 
 

@@ -1,0 +1,47 @@
+"""Which step folder the IGPO state is read from on resume (no Ray: verl's loader is replaced by a stand-in that sets
+the global step the way verl's does)."""
+
+import json
+
+import pytest
+from omegaconf import OmegaConf
+from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+
+from test_trainer import _fake_checkpointed_parts, _trainer
+
+
+def _saved_gate(folder, ema: float) -> None:
+    folder.mkdir(parents=True)
+    (folder / "igpo_state.json").write_text(json.dumps({"warmup_gate": {"ema": ema, "graduated": True}}))
+
+
+@pytest.mark.parametrize("mode", ["auto", "resume_path"])
+def test_resume_reads_the_state_of_the_step_verl_resumed(tmp_path, monkeypatch, mode):
+    """auto ignores a leftover resume_from_path (verl does too); resume_path reads the folder it names."""
+    _saved_gate(tmp_path / "run" / "global_step_2", 0.2)
+    _saved_gate(tmp_path / "other" / "global_step_5", 0.5)
+    trainer = _trainer(ig_warmup_threshold=0.9)
+    trainer.config = OmegaConf.create({"trainer": {
+        "default_local_dir": str(tmp_path / "run"), "resume_mode": mode,
+        "resume_from_path": str(tmp_path / "other" / "global_step_5")}})
+    _fake_checkpointed_parts(trainer)
+    step = 2 if mode == "auto" else 5
+
+    def verl_load(self):
+        self.global_steps = step
+
+    monkeypatch.setattr(PPOTrainerSync, "_load_checkpoint", verl_load)
+    trainer._load_checkpoint()
+    assert trainer.warmup.ema == pytest.approx(step / 10) and trainer.warmup.graduated
+
+
+def test_relative_checkpoint_dir_resolves_against_the_working_directory(tmp_path, monkeypatch):
+    _saved_gate(tmp_path / "ckpt" / "global_step_1", 0.3)
+    monkeypatch.chdir(tmp_path)
+    trainer = _trainer(ig_warmup_threshold=0.9)
+    trainer.config = OmegaConf.create({"trainer": {"default_local_dir": "ckpt", "resume_mode": "auto",
+                                                   "resume_from_path": None}})
+    _fake_checkpointed_parts(trainer)
+    monkeypatch.setattr(PPOTrainerSync, "_load_checkpoint", lambda self: setattr(self, "global_steps", 1))
+    trainer._load_checkpoint()
+    assert trainer.warmup.ema == pytest.approx(0.3)
