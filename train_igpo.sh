@@ -13,6 +13,8 @@
 # IGPO_RECIPE=<name>: a published setting, configs/recipe/<name>.yaml (search_r1_local, igpo_web, drvenus_long), in
 # place of the preset; its tool server (backend, top-k) is the default (TOOL_BACKEND / TOOL_TOPK override). On the
 # CPU it is applied on top of the CPU demo (scale it down with overrides, as tests/test_recipes.py does).
+# TOOL_SERVER_ARGS="--budget-search 1000 ...": extra arguments of the tool server this script starts (budgets, rates);
+# a spent budget ends the run cleanly after the step, with a checkpoint (tools.stop_on_budget in configs/igpo_base.yaml).
 set -euo pipefail
 cd "$(dirname "$0")"
 ROOT="$(pwd)"
@@ -125,7 +127,8 @@ trap 'exit 130' INT TERM
 if [ -z "${TOOL_SERVER_URL:-}" ]; then
     TOOL_LOG="$RUN_DIR/tool_server.log"
     "$PY" -u -m tool_server --backend "$TOOL_BACKEND" --corpus "$ROOT/data/wiki_passages_1000.jsonl" \
-        --default-topk "${TOOL_TOPK:-5}" --host 127.0.0.1 --port 0 --cache "$RUN_DIR/tool_cache.sqlite" > "$TOOL_LOG" 2>&1 &
+        --default-topk "${TOOL_TOPK:-5}" --host 127.0.0.1 --port 0 --cache "$RUN_DIR/tool_cache.sqlite" \
+        ${TOOL_SERVER_ARGS:-} > "$TOOL_LOG" 2>&1 &
     TOOL_PID=$!
     for _ in $(seq 1 120); do
         TOOL_SERVER_URL=$(grep -o "http://127.0.0.1:[0-9]*" "$TOOL_LOG" | head -n 1 || true)
@@ -157,11 +160,17 @@ set +e
     algorithm.igpo.agent.tool_server_url="$TOOL_SERVER_URL" \
     trainer.default_local_dir="$RUN_DIR/checkpoints" \
     "${OVERRIDES[@]}" "${ARGS[@]}" 2>&1 | tee "$LOG" \
-    | grep --line-buffered -E "step:[0-9]+ -|igpo: (configuration error|plan|note)|Error executing job" \
+    | grep --line-buffered -E "step:[0-9]+ -|igpo: (configuration error|plan|note|tool budget)|Error executing job" \
     | awk '!match($0, /step:[0-9]+ -/) { print; fflush(); next }
            { line = "igpo: " substr($0, RSTART, RLENGTH - 2)
+             # step i/N and the ETA (progress/* metrics of the trainer)
+             if (match($0, /progress\/total_steps:[0-9.]+/)) line = line "/" substr($0, RSTART + 21, RLENGTH - 21) + 0
+             if (match($0, /progress\/eta_s:[0-9.eE+-]+/)) {
+                 eta = substr($0, RSTART + 15, RLENGTH - 15) + 0
+                 line = line sprintf("  ETA %dh%02dm%02ds", eta / 3600, (eta % 3600) / 60, eta % 60)
+             }
              n = split("critic/score/mean igpo/ig_active_ratio igpo/raw_ig_mean igpo/turns_mean val-core/all/f1 " \
-                       "timing_s/step", keys, " ")
+                       "timing_s/step tools/calls tools/cost_usd", keys, " ")
              for (i = 1; i <= n; i++) if (match($0, keys[i] ":[^ ]+")) {
                  value = substr($0, RSTART + length(keys[i]) + 1, RLENGTH - length(keys[i]) - 1)
                  if (value ~ /^-?[0-9.]+([eE][-+]?[0-9]+)?$/) value = sprintf("%.3g", value)
@@ -190,4 +199,16 @@ for key in training/global_step critic/score/mean igpo/ig_active_ratio igpo/raw_
     value=$(echo "$LAST" | grep -o "$key:[^ ]*" | head -n 1 | cut -d: -f2 || true)  # absent for grpo/infopo runs
     printf '  %-24s %s\n' "$key" "${value:-n/a}"
 done
+# Tool spend of the whole run (the tool server's totals as the trainer read them after the last step).
+metric() { echo "$LAST" | grep -o "$1:[^ ]*" | head -n 1 | cut -d: -f2 || true; }
+CALLS=$(metric tools/calls_total) UPSTREAM=$(metric tools/upstream_calls_total)
+HITS=$(metric tools/cache_hit_ratio_total) SPEND=$(metric tools/cost_usd_total)
+if [ -n "$CALLS" ]; then
+    printf 'igpo: tools: %s calls, %s upstream calls, cache hit ratio %s, estimated spend $%s (tools.price_per_1k)\n' \
+        "$(printf '%.0f' "$CALLS")" "$(printf '%.0f' "${UPSTREAM:-0}")" \
+        "$([ -n "$HITS" ] && printf '%.3f' "$HITS" || echo "n/a (no cache lookups)")" "$(printf '%.4f' "${SPEND:-0}")"
+else
+    echo "igpo: tools: n/a (the trainer could not read the tool server's /stats; see $LOG)"
+fi
+grep -m 1 -o "igpo: tool budget spent.*" "$LOG" || true
 echo "igpo: full log $LOG"

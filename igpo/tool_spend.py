@@ -124,15 +124,28 @@ def spent_budgets(stats: Mapping) -> list[str]:
     return lines
 
 
-def totals(stats: Mapping | None, prices: Mapping[str, float]) -> dict[str, Any] | None:
-    """A run's tool totals (for evaluate.py's settings.json): calls, cache hit ratio, upstream calls, failures and the
-    estimated cost in USD; None without stats."""
+def totals(stats: Mapping | None, prices: Mapping[str, float], before: Mapping | None = None) -> dict[str, Any] | None:
+    """A run's tool totals (for evaluate.py's settings.json): calls, cache hit ratio, upstream calls, retries,
+    failures and the estimated cost in USD, since ``before`` (None: since the server started); None without stats."""
     if not stats:
         return None
-    metrics = step_metrics(None, stats, prices)
-    return {"calls": metrics["tools/calls_total"], "cache_hit_ratio": metrics.get("tools/cache_hit_ratio_total"),
-            "upstream_calls": {k.split("/", 2)[2]: v for k, v in metrics.items() if k.startswith("tools/upstream_calls/")},
-            "retries": metrics["tools/retries"],
-            "failures": {k.split("/", 2)[2]: v for k, v in metrics.items() if k.startswith("tools/failures/")},
-            "estimated_cost_usd": round(metrics["tools/cost_usd_total"], 6), "price_per_1k": dict(prices),
-            "budget_spent": spent_budgets(stats)}
+    m = step_metrics(before, stats, prices)
+
+    def by(prefix: str) -> dict[str, float]:
+        return {k[len(prefix):]: v for k, v in m.items() if k.startswith(prefix)}
+
+    return {"calls": m["tools/calls"], "cache_hit_ratio": m.get("tools/cache_hit_ratio"),
+            "upstream_calls": by("tools/upstream_calls/"), "retries": m["tools/retries"],
+            "failures": by("tools/failures/"), "estimated_cost_usd": round(m["tools/cost_usd"], 6),
+            "price_per_1k": dict(prices), "budget_spent": spent_budgets(stats)}
+
+
+def parse_prices(values: list[str] | None) -> dict[str, float]:
+    """``["serper=1.0", "jina=0.02"]`` (command-line ``--tool-price``) -> {upstream: USD per 1,000 attempts}."""
+    prices = {}
+    for value in values or []:
+        name, sep, price = value.partition("=")
+        if not sep or not name.strip():
+            raise ValueError(f"--tool-price {value!r} is not UPSTREAM=USD_PER_1K, e.g. --tool-price serper=1.0")
+        prices[name.strip()] = price
+    return ToolSpendConfig.from_dict({"price_per_1k": prices}).price_per_1k

@@ -589,8 +589,7 @@ class IGPOTrainerSync(PPOTrainerSync):
                    f"checkpoint {folder}. To continue, restart the tool server with a larger --budget-* and rerun "
                    "with trainer.resume_mode=auto and the same trainer.default_local_dir (tools.stop_on_budget=false "
                    "trains on with the refused calls masked).")
-        logger.warning(message)
-        print(message, flush=True)  # the launcher shows it on the terminal
+        print(message, flush=True)  # into the training log, and the launcher shows it on the terminal
 
     def _val_metrics_update(self, data_sources, sample_uids, reward_extra_infos_dict, sample_turns, *args, **kwargs):
         """verl's per-data-source validation metrics, plus the mean over every validation sample (``val-core/all/f1``,

@@ -38,6 +38,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from igpo.tool_spend import parse_prices, totals  # noqa: E402
 from igpo.evaluation import (  # noqa: E402
     EvalConfig, EvalInputError, LocalToolServer, OpenAICompletionsServer, TopKTools, TraceStore, check_resume,
     config_record, evaluate, file_sha256, git_commit, hf_server, load_rows, summarize, write_plots, write_settings,
@@ -79,6 +80,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--topk", type=int, default=None,
                    help=f"search results per query (default: the recipe's, else {d.top_k})")
     p.add_argument("--tool-timeout-s", type=float, default=d.tool_timeout_s)
+    p.add_argument("--tool-price", action="append", default=None, metavar="UPSTREAM=USD_PER_1K",
+                   help="price of 1,000 upstream calls, by upstream as the tool server's /stats names it (serper, jina, "
+                        "summarizer, retriever, local; repeatable): settings.json's tool_spend estimates the cost")
 
     p.add_argument("--max-turns", type=int, default=None, help=f"default: the recipe's, else {d.max_turns}")
     p.add_argument("--max-tokens-per-turn", type=int, default=d.max_tokens_per_turn)
@@ -183,6 +187,7 @@ async def run(args, config, rows, tokenizer, tool_url, store, judge_overrides) -
     from tool_server.client import ToolClient
 
     client = ToolClient(tool_url, timeout_s=config.tool_timeout_s)
+    before = await _stats(client)  # a shared tool server has served others: charge this run the difference only
     if args.model_path:
         server = hf_server(args.model_path, config)
     else:
@@ -195,6 +200,7 @@ async def run(args, config, rows, tokenizer, tool_url, store, judge_overrides) -
         report = await evaluate(rows, tokenizer=tokenizer, server=server, tools=TopKTools(client, config.top_k),
                                 config=config, store=store, judge_settings=judge_overrides)
         tool_stats = await _stats(client)
+        spend = totals(tool_stats, parse_prices(args.tool_price), before=before)
     finally:
         await client.aclose()
         worker = getattr(server, "_worker", None)  # the HF server's batching task
@@ -204,7 +210,7 @@ async def run(args, config, rows, tokenizer, tool_url, store, judge_overrides) -
                 await worker
         if isinstance(server, OpenAICompletionsServer):
             await server.aclose()
-    return report, tool_stats
+    return report, tool_stats, spend
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -214,6 +220,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         recipe = load_recipe_for(args)
         config = build_config(args, recipe)
+        try:
+            parse_prices(args.tool_price)  # a bad price fails here, not after the whole evaluation
+        except ValueError as err:
+            raise EvalInputError(str(err)) from None
         rows, problems = load_rows(args.data, limit_per_source=args.limit_per_source, sources=_csv(args.sources),
                                    allowed_sources=_csv(args.allowed_sources))
         if problems:
@@ -270,7 +280,8 @@ def main(argv: list[str] | None = None) -> int:
             store = TraceStore(args.out / "traces.jsonl")
             write_settings(args.out, {**settings, "status": "running"})
             try:
-                report, tool_stats = asyncio.run(run(args, config, rows, tokenizer, tool_url, store, judge_overrides))
+                report, tool_stats, tool_spend = asyncio.run(
+                    run(args, config, rows, tokenizer, tool_url, store, judge_overrides))
             finally:
                 store.close()
     except EvalInputError as err:
@@ -301,6 +312,7 @@ def main(argv: list[str] | None = None) -> int:
                 "failed": len(report.failed), "rejudged": report.rejudged, "rollout_s": round(report.seconds, 1)},
         "failed_rows": [{"data_source": s, "index": i, "error": e} for (s, i), e in sorted(report.failed.items())],
         "judge_metrics": judge_metrics() if config.judge else None, "tool_server_stats": tool_stats,
+        "tool_spend": tool_spend,
     })
     write_settings(args.out, settings)
     print(md_path.read_text(encoding="utf-8"))
@@ -310,6 +322,12 @@ def main(argv: list[str] | None = None) -> int:
         distinct = sorted(set(report.failed.values()))
         print(f"evaluate: {len(report.failed)} row(s) failed and are not scored ({len(distinct)} distinct errors, "
               f"first: {distinct[0]}); rerun the same command to redo them.", file=sys.stderr)
+    if tool_spend is not None:
+        ratio = tool_spend["cache_hit_ratio"]
+        print(f"evaluate: tools: {tool_spend['calls']:.0f} calls, "
+              f"{sum(tool_spend['upstream_calls'].values()):.0f} upstream calls, cache hit ratio "
+              f"{'n/a (no cache lookups)' if ratio is None else f'{ratio:.3f}'}, estimated spend "
+              f"${tool_spend['estimated_cost_usd']:.4f} (--tool-price)")
     average = table[-1]
     judge_part = f" judge={average['judge']:.3f}" if config.judge and average.get("judge") is not None else ""
     print(f"evaluate: {len(records)}/{len(rows)} rows scored, AVG EM={average['em']:.3f} F1={average['f1']:.3f}"

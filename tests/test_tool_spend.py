@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from fake_upstreams import InProcessServer
-from igpo.tool_spend import ToolSpendConfig, fetch_stats, spent_budgets, step_metrics, totals
+from igpo.tool_spend import ToolSpendConfig, fetch_stats, parse_prices, spent_budgets, step_metrics, totals
 from tool_server.config import ServerConfig
 
 CORPUS = Path(__file__).resolve().parents[1] / "data" / "wiki_passages_1000.jsonl"
@@ -70,3 +70,13 @@ def test_local_backend_counts_searches_and_honours_a_search_budget():
 def test_unreachable_stats_is_none_with_a_warning(caplog):
     assert fetch_stats("http://127.0.0.1:9", timeout_s=1) is None
     assert "could not read the tool server's /stats" in caplog.text
+
+
+def test_totals_since_a_baseline_and_command_line_prices():
+    before, after = _stats(10, 2, 8, 8, 1), _stats(30, 12, 18, 16, 3)
+    spend = totals(after, parse_prices(["serper=1.0", "jina = 20"]), before=before)
+    assert spend["calls"] == 20 and spend["cache_hit_ratio"] == pytest.approx(0.5)
+    assert spend["upstream_calls"] == {"serper": 8.0, "jina": 2.0}
+    assert spend["estimated_cost_usd"] == pytest.approx(0.048)
+    with pytest.raises(ValueError, match="--tool-price 'serper' is not UPSTREAM=USD_PER_1K"):
+        parse_prices(["serper"])

@@ -1,0 +1,44 @@
+"""End to end on CPU: a spent tool budget ends `bash train_igpo.sh` cleanly after the step, with a clear message, a
+checkpoint and the logs; the final summary prints tool calls, cache hit ratio and estimated spend (issue #16)."""
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from guarded_run import run_guarded
+
+pytestmark = pytest.mark.e2e
+
+
+def test_a_budget_of_one_search_ends_the_run_cleanly_with_a_checkpoint(tmp_path):
+    run = tmp_path / "run"
+    env = {**os.environ, "OUTPUT_DIR": str(run), "IGPO_DEVICE": "cpu", "TOOL_SERVER_ARGS": "--budget-search 1"}
+    env.pop("TOOL_SERVER_URL", None)
+    rc, out = run_guarded(["bash", "train_igpo.sh", "trainer.total_training_steps=3",
+                           "tools.price_per_1k.local=2.0"], env, timeout=420)
+    assert rc == 0, out[-4000:]
+    # Stopped after step 1 of 3, saying why and what to do.
+    assert re.search(r"igpo: tool budget spent \(local: 1 of a budget of 1 upstream calls\): stopping cleanly after "
+                     r"step 1/3", out), out[-3000:]
+    assert "igpo: step:1/3" in out and "igpo: step:2" not in out, out[-3000:]
+    # Nothing lost: the checkpoint verl can resume from, the training log and the TensorBoard events.
+    checkpoints = run / "checkpoints"
+    assert (checkpoints / "latest_checkpointed_iteration.txt").read_text().strip() == "1"
+    assert (checkpoints / "global_step_1" / "igpo_state.json").is_file()
+    assert any((checkpoints / "global_step_1" / "actor").iterdir())
+    log = (run / "train.log").read_text()
+    assert "step:1 -" in log and "training/stopped_on_tool_budget:1" in log
+    assert list((run / "tensorboard").rglob("events.out.tfevents.*"))
+    # Per-step tool metrics and the infra-failure counters are in the log (whether a refused search happens within
+    # the step depends on the tiny model's calls: the budget is spent by the first search).
+    assert "tools/upstream_calls/local:1.0" in log and "tools/budget_spent:1.0" in log
+    assert re.search(r"igpo/infra_masked_trajectories:[0-9.]+", log)
+    # The summary: tool calls, cache hit ratio (the local index is not cached) and the spend at $2 per 1,000 searches.
+    summary = re.search(r"igpo: tools: (\d+) calls, (\d+) upstream calls, cache hit ratio (.*), estimated spend "
+                        r"\$([0-9.]+)", out)
+    assert summary, out[-3000:]
+    assert int(summary.group(1)) >= 1 and int(summary.group(2)) == 1 and float(summary.group(4)) == 0.002
+    assert summary.group(3) == "n/a (no cache lookups)"
+    assert out.count("igpo: tool budget spent") == 2  # the trainer's line, and the summary repeating it
