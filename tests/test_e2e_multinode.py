@@ -1,0 +1,118 @@
+"""Multi-node rehearsal on one machine: a two-node Ray cluster (`ray start --head` + `ray start --address=...`, one
+fake GPU each), `bash train_igpo.sh` joining it through RAY_ADDRESS with trainer.nnodes=2, two CPU training steps.
+
+The nodes are private to the test: own temp dir, own ports, token authentication off (RAY_AUTH_MODE=disabled: Ray
+2.60 turns it on for new clusters, and no one else joins this one). Each `ray start --block` runs in its own process
+group, which is killed at the end, pass or fail: `ray stop` would stop every Ray cluster of the machine.
+"""
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from guarded_run import REPO, run_guarded
+
+pytestmark = pytest.mark.e2e
+
+RAY = str(Path(sys.executable).parent / "ray")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _node_args(worker_ports: tuple[int, int]) -> list[str]:
+    """Ports two nodes of one host would otherwise share (each node runs its own agents and workers)."""
+    return ["--node-ip-address=127.0.0.1", "--num-cpus=8", "--num-gpus=1", "--disable-usage-stats",
+            f"--dashboard-agent-listen-port={_free_port()}", f"--dashboard-agent-grpc-port={_free_port()}",
+            f"--runtime-env-agent-port={_free_port()}", f"--metrics-export-port={_free_port()}",
+            f"--min-worker-port={worker_ports[0]}", f"--max-worker-port={worker_ports[1]}", "--block"]
+
+
+def _alive_nodes(address: str, env: dict) -> int:
+    probe = "import ray; ray.init(address=%r, logging_level='ERROR'); print(sum(n['Alive'] for n in ray.nodes()))"
+    result = subprocess.run([sys.executable, "-c", probe % address], env=env, capture_output=True, text=True,
+                            timeout=60)
+    return int(result.stdout.split()[-1]) if result.returncode == 0 and result.stdout.split() else 0
+
+
+@pytest.fixture
+def two_node_cluster():
+    # Short (Ray's socket paths must stay under 107 bytes), and one per node as on separate machines: nodes sharing a
+    # session folder would each forward the other's worker logs to the driver, printing every line twice.
+    temp_dir = tempfile.mkdtemp(prefix="igpo-ray-")
+    port = _free_port()
+    address = f"127.0.0.1:{port}"
+    # Every worker process inherits the node's environment: the CPU backend is chosen there (VERL_PLATFORM), not by
+    # the driver, whose environment does not travel to an existing cluster.
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "VERL_PLATFORM": "cpu", "RAY_USAGE_STATS_ENABLED": "0"}
+    env.pop("RAY_ADDRESS", None)
+    nodes = []
+    try:
+        nodes.append(subprocess.Popen(
+            [RAY, "start", "--head", f"--port={port}", f"--temp-dir={temp_dir}", "--include-dashboard=false",
+             f"--ray-client-server-port={_free_port()}", *_node_args((20000, 20999))],
+            env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True))
+        time.sleep(5)
+        nodes.append(subprocess.Popen(
+            [RAY, "start", f"--address={address}", f"--temp-dir={temp_dir}/n2", *_node_args((21000, 21999))],
+            env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True))
+        deadline = time.monotonic() + 90
+        while _alive_nodes(address, env) < 2:
+            assert all(n.poll() is None for n in nodes), "a `ray start` exited"
+            assert time.monotonic() < deadline, "the two-node cluster did not come up in 90 s"
+            time.sleep(2)
+        yield address, env
+    finally:
+        for node in reversed(nodes):
+            try:
+                os.killpg(node.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            node.wait()
+        # Workers, agents and the GCS all belong to the two groups: nothing of the cluster may outlive the test.
+        for _ in range(20):  # killed processes leave the table once reaped
+            left = subprocess.run(["pgrep", "-f", temp_dir], capture_output=True, text=True).stdout.split()
+            if not left:
+                break
+            time.sleep(0.5)
+        assert not left, f"processes of the test cluster survived: {left}"
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def test_two_nodes_one_actor_rank_each_with_our_plugin(tmp_path, two_node_cluster):
+    address, cluster_env = two_node_cluster
+    env = {**cluster_env, "RAY_ADDRESS": address, "OUTPUT_DIR": str(tmp_path / "run"), "IGPO_DEVICE": "cpu"}
+    env.pop("TOOL_SERVER_URL", None)
+    rc, out = run_guarded(["bash", "train_igpo.sh", "trainer.total_training_steps=2", "trainer.nnodes=2",
+                           "trainer.n_gpus_per_node=1", "trainer.logger=[console]",
+                           "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
+                           "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4",
+                           "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2"], env, timeout=420)
+    assert rc == 0, out[-4000:]
+    log = (tmp_path / "run" / "train.log").read_text()
+    assert f"joining the Ray cluster at RAY_ADDRESS={address}" in out
+    assert "Connecting to existing Ray cluster" in log, "the trainer started its own Ray instead of joining"
+    # One actor rank per node, each running our worker class (the report method exists only there).
+    placement = re.search(r"igpo: actor ranks on Ray nodes (\[.*?\]) \((\d) distinct\)", log)
+    assert placement and len(json.loads(placement.group(1))) == 2 and placement.group(2) == "2", log[-3000:]
+    # The plugin ran in the remote processes: the igpo_agent loop (registered on import by the plugin) produced
+    # turns, and the actor ranks on both nodes scored answers for IGPO's information gain.
+    assert "igpo: step:1" in out and "igpo: step:2" in out, out[-3000:]
+    turns = [float(v) for v in re.findall(r"igpo/turns_mean:([0-9.eE+-]+)", log)]
+    assert len(turns) == 2 and min(turns) >= 1, turns
+    tokens = [float(v) for v in re.findall(r"igpo/scoring_tokens:([0-9.eE+-]+)", log)]
+    assert len(tokens) == 2 and min(tokens) > 0, tokens
+    assert [float(v) for v in re.findall(r"igpo/scoring_errors:([0-9.eE+-]+)", log)] == [0.0, 0.0]
