@@ -6,8 +6,8 @@
 # With GPUs: a GPU preset (configs/igpo_trainer.yaml for a node of several GPUs, + configs/gpu_preset/gpu1.yaml for
 # one GPU; IGPO_PRESET=node8|gpu1 chooses); MODEL_PATH, TRAIN_FILE, VAL_FILE choose the run. GPUs are counted from
 # CUDA_VISIBLE_DEVICES when it is set, else from nvidia-smi; IGPO_GPUS=N plans for N GPUs per node (with --dry-run
-# also on a machine without any), NNODES=<n> for several nodes; RAY_ADDRESS=<head>:<port> joins a running Ray cluster
-# (`ray start` on each node, README "Cluster") instead of starting a local one.
+# also on a machine without any), NNODES=<n> for several nodes; RAY_ADDRESS=<head>:<port> joins a running Ray
+# cluster (`ray start` on each node, README "Cluster") instead of starting a local one.
 # Without GPUs (or with IGPO_DEVICE=cpu): the embedded CPU demo (configs/cpu_demo.yaml): a tiny local model, the local
 # BM25 corpus behind tool_server, F1 reward, a few steps. Secrets and endpoints come from .env (see .env.example).
 # --dry-run: plan and check the configuration (verl's validation and ours), print the plan and exit without Ray.
