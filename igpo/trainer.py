@@ -284,12 +284,15 @@ class IGPOTrainerSync(PPOTrainerSync):
 
     @staticmethod
     def _masked_response(infra: InfraMask, padded_mask: torch.Tensor, nested_mask) -> dict:
-        """The response mask to write back when the infra policy masked something: the actor's loss (policy
-        gradient and KL alike) and verl's metrics read ``response_mask`` from TransferQueue, as they do after
-        verl's rollout-correction rejection sampling. The nested layout (each row's length) is kept."""
+        """The masks to write back when the infra policy masked something: the actor's loss terms (policy gradient,
+        entropy and KL alike) and verl's metrics read ``response_mask`` from TransferQueue, as after verl's
+        rollout-correction rejection sampling; the engine's token count (the token-mean denominator) reads
+        ``loss_mask``, which verl's agent loop stored as a copy of ``response_mask``: both change, so the kept
+        tokens are weighted as if the masked ones had never been sampled. The nested layout (row lengths) is kept."""
         if not infra.changed:
             return {}
-        return {"response_mask": response_to_nested(infra.loss_mask.to(padded_mask.dtype), nested_mask)}
+        mask = response_to_nested(infra.loss_mask.to(padded_mask.dtype), nested_mask)
+        return {"response_mask": mask, "loss_mask": mask}
 
     def _compute_stock_advantage(self, batch, metrics: dict):
         """A non-IGPO estimator (e.g. ``grpo``): verl's own step on the outcome reward, plus our rollout metrics."""
