@@ -15,7 +15,7 @@
 # place of the preset; its tool server (backend, top-k) is the default (TOOL_BACKEND / TOOL_TOPK override). On the
 # CPU it is applied on top of the CPU demo (scale it down with overrides, as tests/test_recipes.py does).
 # TOOL_SERVER_ARGS="--budget-search 1000 ...": extra arguments of the tool server this script starts (budgets, rates);
-# a spent budget ends the run cleanly after the step, with a checkpoint (tools.stop_on_budget in configs/igpo_base.yaml).
+# a spent budget ends the run cleanly after the step, with a checkpoint (tools.stop_on_budget, configs/igpo_base.yaml).
 set -euo pipefail
 cd "$(dirname "$0")"
 ROOT="$(pwd)"

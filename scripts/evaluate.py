@@ -81,8 +81,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help=f"search results per query (default: the recipe's, else {d.top_k})")
     p.add_argument("--tool-timeout-s", type=float, default=d.tool_timeout_s)
     p.add_argument("--tool-price", action="append", default=None, metavar="UPSTREAM=USD_PER_1K",
-                   help="price of 1,000 upstream calls, by upstream as the tool server's /stats names it (serper, jina, "
-                        "summarizer, retriever, local; repeatable): settings.json's tool_spend estimates the cost")
+                   help="price of 1,000 upstream calls, by upstream as the tool server's /stats names it (serper, "
+                        "jina, summarizer, retriever, local; repeatable): settings.json's tool_spend estimates the cost")
 
     p.add_argument("--max-turns", type=int, default=None, help=f"default: the recipe's, else {d.max_turns}")
     p.add_argument("--max-tokens-per-turn", type=int, default=d.max_tokens_per_turn)

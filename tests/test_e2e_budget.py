@@ -3,7 +3,6 @@ checkpoint and the logs; the final summary prints tool calls, cache hit ratio an
 
 import os
 import re
-from pathlib import Path
 
 import pytest
 
