@@ -91,6 +91,7 @@ else
             && MODEL_PATH=$("$PY" -m igpo.warmstart --base "$BASE" --corpus "$CORPUS" \
                             --out "$ROOT/.cache/tiny_model_warm" 2>>"$PREP_LOG" | tail -n 1) \
             || { echo "igpo: building the demo model failed; see $PREP_LOG:"; tail -n 20 "$PREP_LOG"; exit 1; }
+        grep "time cap stopped training" "$PREP_LOG" | sed 's/^/igpo: /' || true
     fi
     TRAIN_FILE="${TRAIN_FILE:-$ROOT/data/demo_train.parquet}"
     VAL_FILE="${VAL_FILE:-$ROOT/data/demo_val.parquet}"

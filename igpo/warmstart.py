@@ -50,7 +50,9 @@ class WarmStartConfig:
 
     max_steps / seconds: training stops after max_steps, or earlier when the wall-time cap is reached (building the
         data is not counted). 600 steps of batch 8 take ~60 s on two idle cores (~0.1 s/step) and give ~97% well-formed
-        first search calls; a step-bound run is reproducible, a time-cut one depends on the machine.
+        first search calls; a step-bound run is reproducible, a time-cut one depends on the machine. The default cap
+        (15 min) is a guard against a stuck machine, not a budget: on a loaded machine a 3-minute cap cut the run at
+        144 of 600 steps and the demo model wrote malformed tool calls; a cut run says so on stderr.
     batch_size, lr, warmup_steps, weight_decay, grad_clip: AdamW; linear warm-up, then linear decay to 0.1 lr
         at the end of the budget (by wall time or steps, whichever is further along).
     threads: torch CPU threads while training (restored afterwards).
@@ -62,7 +64,7 @@ class WarmStartConfig:
     data: how snippets are drawn and which passages are held out (never trained on).
     """
 
-    seconds: float = 180.0
+    seconds: float = 900.0
     max_steps: int = 600
     batch_size: int = 8
     lr: float = 1e-2
@@ -543,6 +545,12 @@ def warm_start(model_dir: str | Path, corpus: str | Path, out_dir: str | Path, *
         "loss_start": sum(head) / len(head), "loss_end": sum(tail) / len(tail), "losses": losses,
     }
     stamp.write_text(json.dumps(report, indent=1))
+    if len(losses) < config.max_steps:
+        import sys
+
+        print(f"warm-start: the {config.seconds:g} s time cap stopped training after {len(losses)} of "
+              f"{config.max_steps} steps (loss {report['loss_end']:.3f}); the model is weaker than a full run's. "
+              f"Delete {out_dir} and rerun on a less loaded machine, or raise --seconds.", file=sys.stderr)
     return out_dir
 
 
