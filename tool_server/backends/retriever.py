@@ -1,7 +1,7 @@
 """Retriever backend: ``search`` forwarded to an existing retrieval server, ``visit`` served from the passages it
 returned.
 
-Two dialects (see /work/shared/research/landscape.md §4.2-4.3):
+Two dialects (Search-R1's retrieval server and FlashRAG's):
 - ``search_r1``: ``POST <url>/retrieve`` ``{"queries": [q], "topk": k, "return_scores": true}`` ->
   ``{"result": [[{"document": {"id", "contents", ...}, "score": float}, ...]]}`` (Search-R1's retrieval_server.py,
   verl's SearchTool, our own ``/retrieve``);
