@@ -57,6 +57,15 @@ _SAMPLE_BYTES = 1 << 20  # the key hashes the corpus's first and last MiB
 _CHUNK_DOCS = 65_536  # passages tokenised per chunk before their (token, tf) pairs go to disk
 
 
+def corpus_doc_id(url: str, backend: str) -> str:
+    """The document id of a ``corpus://<id>`` URL (what search results link to); any other URL is a bad request of
+    the ``backend`` named in the message (the corpus backends cannot fetch the web)."""
+    if not url.startswith(CORPUS_SCHEME):
+        raise ToolError("bad_request", f"the {backend} backend can only visit {CORPUS_SCHEME}<id> URLs taken from "
+                                       f"search results, not {url[:200]!r}")
+    return url[len(CORPUS_SCHEME):]
+
+
 class CorpusError(ValueError):
     """The corpus file breaks the format (the message names the line), or its index cannot be written."""
 
@@ -407,10 +416,7 @@ class LocalBackend:
         return hits
 
     async def visit_one(self, url: str, goal: str, deadline: float) -> PageResult:
-        if not url.startswith(CORPUS_SCHEME):
-            raise ToolError("bad_request", f"the local backend can only visit {CORPUS_SCHEME}<id> URLs taken from "
-                                           f"search results, not {url[:200]!r}")
-        doc_id = url[len(CORPUS_SCHEME):]
+        doc_id = corpus_doc_id(url, self.name)
         index = self._find(doc_id)
         if index is None:
             raise ToolError("no_results", f"no corpus document has id {doc_id[:100]!r}")

@@ -31,7 +31,7 @@ from ..safety import TargetGuard, origin_of
 from ..stats import Stats
 from ..upstream import Upstream, UpstreamResponse
 from .base import PageResult, SearchHit
-from .local import CORPUS_SCHEME, split_contents
+from .local import CORPUS_SCHEME, corpus_doc_id, split_contents
 
 Dialect = Literal["search_r1", "flashrag"]
 DIALECT_PATHS: dict[str, str] = {"search_r1": "/retrieve", "flashrag": "/batch_search"}
@@ -166,10 +166,7 @@ class RetrieverBackend:
         return [(d, None if s is None else round(float(s), 6)) for d, s in pairs]
 
     async def visit_one(self, url: str, goal: str, deadline: float) -> PageResult:
-        if not url.startswith(CORPUS_SCHEME):
-            raise ToolError("bad_request", f"the retriever backend can only visit {CORPUS_SCHEME}<id> URLs taken from "
-                                           f"search results, not {url[:200]!r}")
-        doc_id = url[len(CORPUS_SCHEME):]
+        doc_id = corpus_doc_id(url, self.name)
         document = self.document(doc_id)
         if document is None:
             raise ToolError("no_results", f"no passage {doc_id[:100]!r} was returned by an earlier search; visit a "
