@@ -101,7 +101,7 @@ class Plan:
 
 def plan_launch(config: Any, env: Environment) -> Plan:
     """Check ``config`` and write the planned keys into it (OmegaConf, modified in place); raise ``ConfigError``."""
-    from omegaconf import open_dict
+    from omegaconf import OmegaConf, open_dict
 
     check_inputs(config)
     igpo = check_algorithm(config)
@@ -112,7 +112,7 @@ def plan_launch(config: Any, env: Environment) -> Plan:
 
     arr = config.actor_rollout_ref
     rollout = arr.rollout
-    if str(rollout.name) in ("???", "None") or rollout.get("name") is None:
+    if OmegaConf.is_missing(rollout, "name") or rollout.get("name") is None:
         raise ConfigError("actor_rollout_ref.rollout.name is not set; use vllm on GPUs (the presets do) or hf on CPU.")
     gpus_per_node, nodes = int(config.trainer.n_gpus_per_node), int(config.trainer.nnodes)
     if gpus_per_node < 1 or nodes < 1:

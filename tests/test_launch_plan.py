@@ -82,6 +82,7 @@ def test_one_gpu_preset(qwen3_4b):
 
 
 @pytest.mark.parametrize("overrides, message", [
+    (["actor_rollout_ref.rollout.name=???"], "rollout.name is not set"),
     (["actor_rollout_ref.rollout.tensor_model_parallel_size=3"], "tensor_model_parallel_size=3 does not divide"),
     (["igpo_launch.sequence_parallel=3"], "sequence_parallel=3"),
     (["data.max_response_length=300000"], "max_position_embeddings=262144"),
