@@ -59,6 +59,10 @@ def test_with_stop_on_budget_off_the_refused_searches_are_masked_and_training_go
     assert len(masked) == 2 and sum(refused) > 0 and sum(masked) > 0, (masked, refused)
     grad_norms = [float(v) for v in re.findall(r"actor/grad_norm:([0-9.eE+-]+|nan)", log)]
     assert len(grad_norms) == 2, grad_norms
-    if max(masked) < 8:  # batch 4 x 2; a step with every trajectory masked has nothing to train on (update skipped)
-        assert all(0 < g < float("inf") for g in grad_norms), grad_norms
+    # Masking never poisons the update (no NaN/inf), and the unmasked trajectories still train the actor. One step may
+    # legitimately have a zero gradient: when masking leaves each group a single trajectory (batch 4 x 2), every
+    # group-normalised advantage is zero (CI saw [0.0, 1.74]); a run where no step updated fails here.
+    assert all(0 <= g < float("inf") for g in grad_norms), grad_norms
+    if min(masked) < 8:
+        assert max(grad_norms) > 0, (grad_norms, masked)
     assert "igpo: step:2/2" in out and "tool budget spent" not in out, out[-3000:]
