@@ -179,3 +179,28 @@ def infopo_config_from_algorithm(algorithm: Mapping[str, Any]) -> InfoPOConfig:
     return InfoPOConfig.from_dict(_plain(algorithm.get("infopo", None)),
                                   gamma=None if gamma is None else float(gamma),
                                   norm_adv_by_std=None if norm is None else bool(norm))
+
+
+def arpo_config_from(config: Mapping[str, Any]) -> "ARPOConfig":
+    """``ARPOConfig`` from the whole trainer config: ``algorithm.arpo`` (unknown keys refused) with M, the rollouts
+    per prompt, taken from ``actor_rollout_ref.rollout.n`` (the group verl forms). Setting
+    ``algorithm.arpo.rollouts_per_prompt`` to another value is an error naming both keys."""
+    from igpo.core.arpo import ARPOConfig
+
+    algorithm = config.get("algorithm") or {}
+    section = dict(_plain(algorithm.get("arpo", None)))
+    n = int(config["actor_rollout_ref"]["rollout"]["n"])
+    given = section.get("rollouts_per_prompt")
+    if given is not None and int(given) != n:
+        raise ValueError(f"algorithm.arpo.rollouts_per_prompt={given} differs from actor_rollout_ref.rollout.n={n}: M "
+                         "is the group size verl samples per prompt; leave algorithm.arpo.rollouts_per_prompt unset "
+                         "(it follows rollout.n) or set both to the same value.")
+    section["rollouts_per_prompt"] = n
+    section.setdefault("initial_rollouts", None)  # unset: M // 2, as in configs/igpo_base.yaml
+    try:
+        return ARPOConfig.from_dict(section)
+    except (TypeError, ValueError) as error:
+        message = str(error).replace("arpo.", "algorithm.arpo.")
+        if "algorithm.arpo.rollouts_per_prompt" in message:
+            message += " (algorithm.arpo.rollouts_per_prompt is actor_rollout_ref.rollout.n)"
+        raise ValueError(message) from None

@@ -282,7 +282,44 @@ def check_algorithm(config: Any):
                 "distribution.")
     if trainer_mode == "igpo_sync":
         check_rollout_correction(config)
+    check_arpo(config, igpo)
     return igpo
+
+
+def check_arpo(config: Any, igpo: Any):
+    """``algorithm.arpo`` parses (N <= M = rollout.n, ...); with ``enabled=true`` the rollout can branch: verl's v1
+    trainer (all sessions of a prompt in one agent-loop worker), our trainer mode (metrics, hard attribution), the
+    ``arpo_agent`` loop (set here when the config names ``igpo_agent``) and no completion cut-off. Returns the
+    ``ARPOConfig``."""
+    from omegaconf import open_dict
+
+    from igpo.arpo_loop import ARPOSetupError, check_loop_settings
+    from igpo.config import arpo_config_from
+
+    try:
+        arpo = arpo_config_from(config)
+        check_loop_settings(arpo, igpo.agent)
+    except (ValueError, ARPOSetupError) as error:
+        raise ConfigError(str(error)) from None
+    if not arpo.enabled:
+        return arpo
+    if not bool(config.trainer.get("use_v1", True)):
+        raise ConfigError("algorithm.arpo.enabled=true needs trainer.use_v1=true: verl's v1 agent-loop worker runs "
+                          "all rollout.n sessions of a prompt together, which is how branches reach their siblings.")
+    trainer_mode = str((config.trainer.get("v1") or {}).get("trainer_mode", ""))
+    if trainer_mode != "igpo_sync":
+        raise ConfigError(f"algorithm.arpo.enabled=true needs trainer.v1.trainer_mode=igpo_sync (got {trainer_mode!r}):"
+                          " the branch metrics and hard attribution live there.")
+    agent = config.actor_rollout_ref.rollout.agent
+    loop_name = str(agent.get("default_agent_loop"))
+    if loop_name == "igpo_agent":
+        with open_dict(config):
+            agent.default_agent_loop = "arpo_agent"
+    elif loop_name != "arpo_agent":
+        raise ConfigError(f"algorithm.arpo.enabled=true with actor_rollout_ref.rollout.agent.default_agent_loop="
+                          f"{loop_name}: branching lives in the arpo_agent loop (igpo_agent plus branching); use "
+                          "default_agent_loop=arpo_agent (or igpo_agent, which the launcher replaces).")
+    return arpo
 
 
 def check_estimator(name: str) -> None:

@@ -1,7 +1,7 @@
 """verl plugin entry point: ``import verl`` imports this module in every process of a job.
 
-Registers the ``igpo`` advantage estimator (alias ``grpo_info_gain``), the ``igpo_agent`` agent loop and the
-``igpo_sync`` trainer mode, and — only when ``VERL_PLATFORM=cpu`` — the CPU backend. verl swallows plugin import
+Registers the ``igpo`` advantage estimator (alias ``grpo_info_gain``), the ``igpo_agent`` and ``arpo_agent`` agent
+loops and the ``igpo_sync`` trainer mode, and — only when ``VERL_PLATFORM=cpu`` — the CPU backend. verl swallows plugin import
 errors at DEBUG level, so a failure here is logged as a WARNING with its traceback instead.
 """
 
@@ -13,7 +13,7 @@ import logging
 logger = logging.getLogger("igpo")
 
 # Each module registers its pieces on import.
-REGISTERING_MODULES = ("igpo.estimator", "igpo.agent_loop", "igpo.trainer")
+REGISTERING_MODULES = ("igpo.estimator", "igpo.agent_loop", "igpo.arpo_loop", "igpo.trainer")
 
 
 def load() -> list[str]:

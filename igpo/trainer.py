@@ -40,7 +40,8 @@ from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.workers.utils.padding import response_to_nested
 
-from igpo.config import IGPOConfig, infopo_config_from_algorithm
+from igpo.config import IGPOConfig, arpo_config_from, infopo_config_from_algorithm
+from igpo.core import arpo as arpo_core
 from igpo.estimator import ESTIMATOR_NAMES, INFOPO_NAMES
 from igpo.agent_config import _plain
 from igpo.tool_spend import ToolSpendConfig, fetch_stats, spent_budgets, step_metrics
@@ -144,6 +145,12 @@ class IGPOTrainerSync(PPOTrainerSync):
                                  self.igpo.ig_warmup_timing)
         self.infra_failure = self._infra_failure_policy(estimator)
         self.tool_spend = ToolSpendConfig.from_dict(_plain(config.get("tools", None)))
+        self.arpo = arpo_config_from(config)
+        loop_name = str(config.actor_rollout_ref.rollout.agent.default_agent_loop)
+        if self.arpo.enabled and loop_name != "arpo_agent":
+            raise ValueError(f"algorithm.arpo.enabled=true with rollout.agent.default_agent_loop={loop_name}: branching "
+                             "lives in the arpo_agent loop; set actor_rollout_ref.rollout.agent.default_agent_loop="
+                             "arpo_agent (bash train_igpo.sh / python -m igpo.main do it for igpo_agent).")
         self._tool_stats: dict | None = None  # the tool server's /stats at the end of the previous step
         self._step_seconds: list[float] = []  # wall time of each step of this process (for the ETA)
 
@@ -275,6 +282,7 @@ class IGPOTrainerSync(PPOTrainerSync):
         infra = self._infra_mask(extras, padded["response_mask"].bool(), metrics)
         advantages, returns = self._igpo_advantage(extras, uids, padded["response_mask"].bool(),
                                                    padded["rm_scores"].float(), metrics, score_on_actor, infra=infra)
+        advantages = self._arpo_attribution(advantages, padded["response_mask"], uids, extras)
         metrics["timing_s/igpo_advantage"] = time.perf_counter() - started
         fields = {"advantages": response_to_nested(advantages.float(), nested_mask),
                   "returns": response_to_nested(returns.float(), nested_mask)}
@@ -301,7 +309,34 @@ class IGPOTrainerSync(PPOTrainerSync):
         num_turns = torch.tensor([int(e.get("igpo_num_turns") or 0) for e in extras], dtype=torch.long)
         metrics.update(self._rollout_metrics(extras, num_turns))
         metrics["igpo/infra_masked_trajectories"] = metrics["igpo/infra_masked_turns"] = 0.0  # policy: keep
-        return super()._compute_advantage(batch, metrics)
+        out = super()._compute_advantage(batch, metrics)
+        if self._arpo_hard:  # rewrite verl's advantages with the tree average
+            data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
+                                   select_fields=["uid", "advantages", "response_mask"])
+            nested_mask, padded = data["response_mask"], data.to_padded_tensor()
+            advantages = self._arpo_attribution(padded["advantages"].float(), padded["response_mask"],
+                                                data.pop("uid").tolist(), extras)
+            fields = TensorDict({"advantages": response_to_nested(advantages, nested_mask)}, batch_size=len(batch))
+            out = tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=fields)
+        return out
+
+    @property
+    def _arpo_hard(self) -> bool:
+        arpo = getattr(self, "arpo", None)  # set in __init__; unit tests build the trainer without it
+        return arpo is not None and arpo.enabled and arpo.attribution == "hard"
+
+    def _arpo_attribution(self, advantages: torch.Tensor, response_mask: torch.Tensor, uids: list,
+                          extras: list[dict]) -> torch.Tensor:
+        """ARPO's hard attribution (``algorithm.arpo.attribution=hard``): every copy of a token that branches share
+        gets the mean advantage of the trajectories sharing it (``igpo.core.arpo.hard_attribution``, from the rollout's
+        tree metadata and its own response mask). Soft (the default) and ARPO off return the advantages as they are."""
+        if not self._arpo_hard:
+            return advantages
+        group = arpo_core.soft_group_ids(uids)
+        meta = {key: torch.tensor([int(e.get(key, -1 if key == "arpo_parent" else 0) or 0) for e in extras],
+                                  dtype=torch.long) for key in ("arpo_index", "arpo_parent", "arpo_branch_pos")}
+        return arpo_core.hard_attribution(advantages, response_mask.bool(), group, meta["arpo_index"],
+                                          meta["arpo_parent"], meta["arpo_branch_pos"])
 
     def _igpo_advantage(self, extras: list[dict], uids: list, response_mask: torch.Tensor, rm_scores: torch.Tensor,
                         metrics: dict, score_on_actor, infra: InfraMask | None = None
@@ -403,6 +438,7 @@ class IGPOTrainerSync(PPOTrainerSync):
         infra = self._infra_mask(extras, padded["response_mask"].bool(), metrics)
         advantages = self._infopo_advantage(extras, uids, padded["response_mask"].bool(), padded["rm_scores"].float(),
                                             metrics, counterfactual, infra=infra)
+        advantages = self._arpo_attribution(advantages, padded["response_mask"], uids, extras)
         metrics["timing_s/infopo_advantage"] = time.perf_counter() - started
         nested = response_to_nested(advantages.float(), nested_mask)
         fields = {"advantages": nested, "returns": response_to_nested(advantages.float(), nested_mask)}
@@ -616,6 +652,7 @@ class IGPOTrainerSync(PPOTrainerSync):
             return float(sum(int(e.get(key, 0) or 0) for e in extras))
 
         return {
+            **arpo_core.step_metrics(extras),  # arpo/* when the arpo_agent loop branched (nothing otherwise)
             "igpo/turns_mean": float(num_turns.float().mean()) if len(num_turns) else 0.0,
             "igpo/infra_errors": total("igpo_infra_errors"),
             "igpo/scoring_errors": total("igpo_scoring_errors"),

@@ -176,8 +176,6 @@ def test_plan_topups_only_when_nothing_runs():
 
 def test_plan_rejects_bad_inputs():
     cfg = ARPOConfig(enabled=True)
-    with pytest.raises(ValueError, match="eligible but not running"):
-        _plan(cfg, 2, [False, True], [True, True])
     with pytest.raises(ValueError, match="arpo.enabled is false"):
         _plan(ARPOConfig(), 2, [True, True], [True, True])
     with pytest.raises(ValueError, match=r"bool \[1, 1\]"):

@@ -9,7 +9,9 @@ Symbols (one prompt; M = rollouts per prompt, N initial samples, Z branch factor
     step entropy    H_t = (1/k_t) Σ_{j<k_t} h_j,   k_t = min(k, n_t): the MEAN over the first k generated tokens after
                     tool result t (n_t tokens exist). H_init: the same over the first k tokens of the trajectory's
                     first turn (right after the prompt).
-    change          ΔH_t = H_t − H_init, measured on the tokens after the CURRENT tool result (no one-round lag).
+    change          ΔH_t = H_t − H_init, measured on the tokens after the CURRENT tool result (no one-round lag):
+                    the turn after tool result t is generated, measured, and a branch then starts from tool result t
+                    (it copies the prefix up to and including it and samples its own turn; the source keeps its own).
                     A branch inherits its source's H_init; a top-up is a fresh sample with its own.
     branching       P_t = clip(τ + β · ΔH_t, 0, 1). Each eligible trajectory makes Z − 1 attempts per round, attempt a
                     accepted iff u_a < P_t, u_a ~ U[0, 1) drawn from a generator keyed by (seed, step, rank, prompt,
@@ -44,6 +46,7 @@ import torch
 from torch import Tensor
 
 _MASK64 = (1 << 64) - 1
+ATTRIBUTIONS = ("soft", "hard")
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,8 @@ class ARPOConfig:
         measured (reference 20).
     top_k: K, how many log-probs per position the engine returns (reference 10); also the normaliser log K.
     seed: base seed of the branching draws; a step's draws are keyed by (seed, step, rank, prompt, round).
+    attribution: ``soft`` (plain GRPO/IGPO over the branched group, the paper's default) or ``hard`` (every copy of a
+        shared token gets the mean advantage of the trajectories sharing it, ``hard_attribution``).
     """
 
     enabled: bool = False
@@ -75,8 +80,12 @@ class ARPOConfig:
     entropy_tokens: int = 20
     top_k: int = 10
     seed: int = 0
+    attribution: str = "soft"
 
     def __post_init__(self):
+        if self.attribution not in ATTRIBUTIONS:
+            raise ValueError(f"arpo.attribution={self.attribution!r} is unknown; use one of {ATTRIBUTIONS} (soft: plain "
+                             "GRPO/IGPO over the branched group, the paper's default).")
         if not isinstance(self.enabled, bool):
             raise ValueError(f"arpo.enabled={self.enabled!r} must be true or false.")
         for name, low in (("rollouts_per_prompt", 1), ("initial_rollouts", 1), ("branch_factor", 1),
@@ -99,12 +108,16 @@ class ARPOConfig:
 
     @classmethod
     def from_dict(cls, section: Mapping[str, Any]) -> "ARPOConfig":
-        """From the ``arpo`` mapping; unknown keys raise with the known ones."""
+        """From the ``arpo`` mapping; unknown keys raise with the known ones. ``initial_rollouts`` None means M // 2
+        (at least 1), the shipped scripts' ratio."""
         unknown = sorted(set(section) - set(cls.__dataclass_fields__))
         if unknown:
             raise ValueError(f"unknown key(s) arpo.{unknown}: check the spelling; known keys are "
                              f"{sorted(cls.__dataclass_fields__)}.")
-        values = dict(section)
+        values = {k: v for k, v in dict(section).items() if v is not None or k == "initial_rollouts"}
+        if values.get("initial_rollouts", 0) is None:
+            m = values.get("rollouts_per_prompt", cls.rollouts_per_prompt)
+            values["initial_rollouts"] = max(1, m // 2) if isinstance(m, int) else m
         for name in ("branch_probability", "entropy_weight"):
             if isinstance(values.get(name), int) and not isinstance(values[name], bool):
                 values[name] = float(values[name])
@@ -263,10 +276,12 @@ def plan_round(trajectories: Sequence[ARPOTrajectory], running: Sequence[bool], 
                accepted: Tensor, cfg: ARPOConfig) -> RoundPlan:
     """Which trajectories of one prompt branch after this round, and how many top-ups start.
 
-    running [m]: still generating after this round (finished ones: False); eligible [m]: just received a tool result
-    and had its entropy measured (eligible ⇒ running); accepted [e, Z−1]: ``branch_attempts`` of the eligible ones, in
-    index order. Branches are granted in index order, at most Z − 1 per source, while the prompt has fewer than M
-    trajectories. If then nothing runs and slots are left, all the missing trajectories start as top-ups now.
+    running [m]: still generating after this round (finished ones: False); eligible [m]: generated this round right
+    after a tool result and had the entropy of that turn measured; the branch point is that tool result, so a
+    trajectory whose measured turn was its last (it answered) is eligible too. accepted [e, Z−1]: ``branch_attempts``
+    of the eligible ones, in index order. Branches are granted in index order, at most Z − 1 per source, while the
+    prompt has fewer than M trajectories. If then nothing runs and slots are left, all the missing trajectories start
+    as top-ups now.
     """
     if not cfg.enabled:
         raise ValueError("arpo.enabled is false: there are no branching rounds to plan; start all "
@@ -280,9 +295,6 @@ def plan_round(trajectories: Sequence[ARPOTrajectory], running: Sequence[bool], 
     if m > cfg.rollouts_per_prompt:
         raise ValueError(f"{m} trajectories exceed arpo.rollouts_per_prompt={cfg.rollouts_per_prompt}.")
     sources = [i for i in range(m) if eligible[i]]
-    if any(not running[i] for i in sources):
-        raise ValueError(f"trajectories {[i for i in sources if not running[i]]} are eligible but not running; only a "
-                         "running trajectory that just received a tool result can branch.")
     if accepted.shape != (len(sources), cfg.branch_factor - 1) or accepted.dtype != torch.bool:
         raise ValueError(f"accepted must be a bool [{len(sources)}, {cfg.branch_factor - 1}] tensor (eligible "
                          f"trajectories × Z−1 attempts); got {accepted.dtype} {tuple(accepted.shape)}.")
@@ -300,8 +312,8 @@ def apply_plan(trajectories: Sequence[ARPOTrajectory], plan: RoundPlan,
                response_lengths: Sequence[int]) -> list[ARPOTrajectory]:
     """The prompt's records with the plan's branches (then top-ups) appended, indices continuing.
 
-    response_lengths [m]: each trajectory's current response length, its last tool result included; a branch copies
-    that prefix (branch_pos = the source's length) and its source's H_init.
+    response_lengths [m]: where each trajectory's branch point lies, in response tokens (the end of the tool result
+    after which its measured turn started); a branch copies that prefix (branch_pos) and its source's H_init.
     """
     if len(response_lengths) != len(trajectories):
         raise ValueError(f"response_lengths has {len(response_lengths)} entries for {len(trajectories)} trajectories.")
@@ -493,3 +505,30 @@ def shared_turn_weights(turn_end: Tensor, turn_valid: Tensor, group: Tensor, ind
         lowest = torch.where(shares, idx, torch.iinfo(torch.long).max).min(1).values
         first[rows] = lowest == index[rows][:, None]
     return torch.where(turn_valid, 1.0 / count.double(), 0.0), turn_valid & first
+
+
+# ------------------------------------------------------------------------------------------------------ metrics
+
+
+def step_metrics(records: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """``arpo/*`` metrics of one training step from each trajectory's record (the agent loop's extra fields):
+    ``arpo_parent``, ``arpo_is_topup``, ``arpo_delta_h`` (the ΔH of every turn it measured), ``arpo_prompt``
+    (which prompt group it belongs to) and ``igpo_tool_names`` (None for an answer turn). Empty when no record
+    carries ARPO fields (ARPO off)."""
+    rows = [r for r in records if "arpo_parent" in r]
+    if not rows:
+        return {}
+    prompts = len({r.get("arpo_prompt") for r in rows}) or 1
+    branches = sum(int(r["arpo_parent"]) >= 0 for r in rows)
+    topups = sum(bool(r.get("arpo_is_topup")) for r in rows)
+    deltas = [float(d) for r in rows for d in (r.get("arpo_delta_h") or [])]
+    calls = [sum(name is not None for name in (r.get("igpo_tool_names") or [])) for r in rows]
+    return {
+        "arpo/branches_per_prompt": branches / prompts,
+        "arpo/branch_share": branches / len(rows),
+        "arpo/topups_per_prompt": topups / prompts,
+        "arpo/delta_h_mean": float(np.mean(deltas)) if deltas else 0.0,
+        "arpo/measured_turns": float(len(deltas)),
+        "arpo/tool_calls_per_trajectory": float(np.mean(calls)),
+        "arpo/unmeasured_turns": float(sum(int(r.get("arpo_unmeasured", 0) or 0) for r in rows)),
+    }

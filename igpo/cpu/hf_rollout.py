@@ -117,8 +117,7 @@ class HFRolloutServer:
         token_ids, log_probs, stop_reason, prompt_lp = await request.future
         extra_fields: dict[str, Any] = {"global_steps": self.global_steps}
         if prompt_lp is not None:
-            extra_fields["prompt_logprobs"] = prompt_lp
-            extra_fields["prompt_ids"] = [[t] for t in prompt_ids[1:]] + [[0]]
+            extra_fields["prompt_logprobs"], extra_fields["prompt_ids"] = prompt_lp
         return TokenOutput(token_ids=token_ids, log_probs=log_probs, stop_reason=stop_reason,
                            extra_fields=extra_fields)
 
@@ -194,22 +193,34 @@ class HFRolloutServer:
         return results
 
     @staticmethod
-    def _prompt_logprobs(batch: list[_Request], logits: torch.Tensor, width: int) -> list[Optional[list[list[float]]]]:
-        """vLLM's layout: entry i = [log p(prompt[i+1] | prompt[:i+1])], then one [0.0] pad for the last token."""
+    def _prompt_logprobs(batch: list[_Request], logits: torch.Tensor, width: int
+                         ) -> list[Optional[tuple[list[list[float]], list[list[int]]]]]:
+        """verl's vLLM layout (``extract_prompt_logprobs``), untempered like vLLM's prompt log-probs. prompt_logprobs=0:
+        entry i = [log p(prompt[i+1] | prompt[:i+1])]; prompt_logprobs=k > 0: entry i = the k largest log-probs of that
+        position's distribution, best first (the prompt token itself only if it is among them), with their token ids
+        (what ARPO's entropy reads). Then one pad entry for the last token. Returns (log-probs, ids) per request."""
         wanted = [r.prompt_logprobs is not None for r in batch]
         if not any(wanted):
             return [None] * len(batch)
         log_softmax = logits.float().log_softmax(-1)
-        result: list[Optional[list[list[float]]]] = []
+        result: list[Optional[tuple[list[list[float]], list[list[int]]]]] = []
         for row, request in enumerate(batch):
             if not wanted[row]:
                 result.append(None)
                 continue
+            k = int(request.prompt_logprobs)
+            if k < 0 or k > log_softmax.shape[-1]:
+                raise ValueError(f"prompt_logprobs={k} must be in [0, {log_softmax.shape[-1]}] (the vocabulary size)")
             n = len(request.prompt_ids)
             start = width - n
-            targets = torch.tensor(request.prompt_ids[1:], dtype=torch.long)
-            picked = log_softmax[row, start:width - 1].gather(-1, targets[:, None]).squeeze(-1)
-            result.append([[float(v)] for v in picked] + [[0.0]])
+            positions = log_softmax[row, start:width - 1]
+            if k == 0:
+                targets = torch.tensor(request.prompt_ids[1:], dtype=torch.long)
+                picked = positions.gather(-1, targets[:, None]).squeeze(-1)
+                result.append(([[float(v)] for v in picked] + [[0.0]], [[t] for t in request.prompt_ids[1:]] + [[0]]))
+                continue
+            top = positions.topk(k, dim=-1)
+            result.append((top.values.tolist() + [[0.0] * k], top.indices.tolist() + [[0] * k]))
         return result
 
     # ---- weights and lifecycle (the hybrid engine's sleep/wake protocol is a no-op on CPU) --------------------
