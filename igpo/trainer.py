@@ -94,6 +94,28 @@ def _turn_tensors(extras: list[dict], length: int, alias_mode: str):
     return torch.tensor(num_turns), turn_ends, format_ok, tool_names, boundary_lp
 
 
+def _arpo_meta(extras: list[dict]) -> dict[str, torch.Tensor]:
+    """arpo_index, arpo_parent, arpo_branch_pos [B] from the agent loop's records (roots where a record has none)."""
+    defaults = {"arpo_index": 0, "arpo_parent": -1, "arpo_branch_pos": 0}
+    return {key: torch.tensor([int(e[key]) if e.get(key) is not None else d for e in extras], dtype=torch.long)
+            for key, d in defaults.items()}
+
+
+def arpo_tree_check(responses: torch.Tensor, response_mask: torch.Tensor, uids: list, extras: list[dict],
+                    m: int) -> tuple[float, float]:
+    """(branches whose response ids or mask differ from their parent's before arpo_branch_pos, prompts whose rows are
+    not exactly arpo_index 0..m−1)."""
+    meta = _arpo_meta(extras)
+    group = arpo_core.soft_group_ids(uids)
+    args = (group, meta["arpo_index"], meta["arpo_parent"], meta["arpo_branch_pos"])
+    ok = arpo_core.prefix_identical(responses, *args) & arpo_core.prefix_identical(response_mask, *args)
+    indices: dict = {}
+    for u, i in zip(uids, meta["arpo_index"].tolist()):
+        indices.setdefault(u, []).append(i)
+    incomplete = sum(sorted(v) != list(range(m)) for v in indices.values())
+    return float((~ok).sum()), float(incomplete)
+
+
 def _infra_failed_turns(extras: list[dict], width: int) -> torch.Tensor:
     """[B, width] bool: turn t's tool call failed for infrastructure reasons (the agent loop's ``igpo_tool_status``
     is ``infra_error``: a timeout, 5xx, connection error or spent budget)."""
@@ -264,6 +286,8 @@ class IGPOTrainerSync(PPOTrainerSync):
     # ---- advantage ----------------------------------------------------------------------------------------------
 
     def _compute_advantage(self, batch, metrics: dict):
+        if getattr(self, "arpo", None) is not None and self.arpo.enabled:
+            self._check_arpo_tree(batch, metrics)
         if self.uses_infopo:
             return self._compute_infopo_advantage(batch, metrics)
         if not self.uses_igpo:
@@ -320,6 +344,23 @@ class IGPOTrainerSync(PPOTrainerSync):
             out = tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=fields)
         return out
 
+    def _check_arpo_tree(self, batch, metrics: dict) -> None:
+        """The tree metadata as verl stored it: every prompt has its M trajectories (arpo_index 0..M−1) and every
+        branch equals its parent on response tokens and loss mask before ``arpo_branch_pos``
+        (``arpo/incomplete_groups`` and ``arpo/prefix_mismatches``, both 0 unless the rollout is broken)."""
+        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
+                               select_fields=["uid", "responses", "response_mask", "extra_fields"])
+        extras = [e if isinstance(e, dict) else {} for e in data.pop("extra_fields").tolist()]
+        uids = data.pop("uid").tolist()
+        padded = data.to_padded_tensor()
+        metrics["arpo/prefix_mismatches"], metrics["arpo/incomplete_groups"] = arpo_tree_check(
+            padded["responses"], padded["response_mask"], uids, extras, self.arpo.rollouts_per_prompt)
+        if metrics["arpo/prefix_mismatches"] or metrics["arpo/incomplete_groups"]:
+            logger.warning("arpo: step %s: %d branches differ from their parent before their branch position, %d "
+                           "prompts lack trajectories; the tree metadata does not describe this batch",
+                           getattr(self, "global_steps", "?"), metrics["arpo/prefix_mismatches"],
+                           metrics["arpo/incomplete_groups"])
+
     @property
     def _arpo_hard(self) -> bool:
         arpo = getattr(self, "arpo", None)  # set in __init__; unit tests build the trainer without it
@@ -333,8 +374,7 @@ class IGPOTrainerSync(PPOTrainerSync):
         if not self._arpo_hard:
             return advantages
         group = arpo_core.soft_group_ids(uids)
-        meta = {key: torch.tensor([int(e.get(key, -1 if key == "arpo_parent" else 0) or 0) for e in extras],
-                                  dtype=torch.long) for key in ("arpo_index", "arpo_parent", "arpo_branch_pos")}
+        meta = _arpo_meta(extras)
         return arpo_core.hard_attribution(advantages, response_mask.bool(), group, meta["arpo_index"],
                                           meta["arpo_parent"], meta["arpo_branch_pos"])
 

@@ -404,3 +404,18 @@ def test_shared_turns_count_once():
     assert float(weight.sum()) == pytest.approx(9) and int(first.sum()) == 9
     with pytest.raises(ValueError, match=r"in \[1, L=6\]"):
         shared_turn_weights(ends + 1, valid, group, index, parent, pos, L=6)
+
+
+def test_a_source_that_answered_after_the_measured_tool_result_can_still_branch():
+    # The branch point is the tool result before the measured turn: the source's own continuation may have ended.
+    cfg = ARPOConfig(enabled=True, rollouts_per_prompt=4, initial_rollouts=2)
+    assert _plan(cfg, 2, [False, True], [True, True]) == RoundPlan(branch_sources=(0, 1))
+    assert _plan(cfg, 2, [False, False], [True, False]) == RoundPlan(branch_sources=(0,))  # no top-up: it runs
+
+
+def test_config_defaults_n_to_half_of_m_and_checks_attribution():
+    assert ARPOConfig.from_dict({"rollouts_per_prompt": 16, "initial_rollouts": None}).initial_rollouts == 8
+    assert ARPOConfig.from_dict({"rollouts_per_prompt": 3, "initial_rollouts": None}).initial_rollouts == 1
+    assert ARPOConfig.from_dict({"attribution": "hard"}).attribution == "hard"
+    with pytest.raises(ValueError, match="arpo.attribution='shared' is unknown"):
+        ARPOConfig(attribution="shared")
