@@ -25,8 +25,8 @@ its next turn, or finishes. After the round (``igpo.core.arpo`` has the formulas
 Entropy source. verl's vLLM server returns only the sampled token's log-prob for generated tokens, so the top-K
 distributions come from one extra request per measured turn: ``prompt_logprobs=K`` over the context up to the tool
 result plus the turn's first k tokens (vLLM through verl's server, and ``igpo/cpu/hf_rollout.py``, answer it; on vLLM
-it is a prefill without prefix cache). Requests that would not fit ``rollout.max_model_len`` are skipped and counted
-(``arpo_unmeasured``); such a turn cannot branch.
+it is a prefill without prefix cache). Only prompts with free slots are measured. Requests that would not fit
+``rollout.max_model_len`` are skipped and counted (``arpo_unmeasured``); such a turn cannot branch.
 
 Every output's ``extra_fields`` gets ``arpo_index`` (= session id), ``arpo_parent``, ``arpo_branch_pos`` (response
 tokens shared with the parent), ``arpo_is_topup``, ``arpo_h_init``, ``arpo_delta_h`` (the ΔH of each of its own
@@ -276,12 +276,15 @@ class PromptTree:
         try:
             while True:
                 await self._settle(members)
-                measured = await asyncio.gather(*(self._measure(m) for m in members))
+                # A full prompt cannot branch any more: its turns are not measured (on vLLM each measurement is a
+                # prefill of the whole context).
+                full = len(members) >= cfg.rollouts_per_prompt
+                measured = [None] * len(members) if full else await asyncio.gather(*(self._measure(m) for m in members))
                 for i, (m, value) in enumerate(zip(members, measured)):
                     if value is not None and value[0] == "init":
                         records[i] = m.record = core.with_initial_entropy(records[i], value[1])
                 new: list[_Member] = []
-                if len(members) < cfg.rollouts_per_prompt:
+                if not full:
                     eligible, deltas, points = [False] * len(members), [], [0] * len(members)
                     for i, (m, value) in enumerate(zip(members, measured)):
                         if value is not None and value[0] == "delta":

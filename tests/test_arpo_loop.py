@@ -252,3 +252,35 @@ def test_hf_server_returns_top_k_prompt_logprobs(tiny_model_dir):
     assert ids[:-1] == top.indices.tolist()
     h = core.step_entropy(torch.tensor([rows[:-1]]), torch.tensor([4]), core.ARPOConfig())
     assert 0.0 < float(h[0]) <= 1.0
+
+
+class FlakyTools(Tools):
+    """The first call times out (the loop's deadline), the second raises: a branch must replay both outcomes."""
+
+    async def call(self, name, arguments):
+        self.calls += 1
+        if self.calls == 1:
+            await asyncio.sleep(5)
+        if self.calls == 2:
+            raise ConnectionError("upstream down")
+        self.calls -= 1  # counted again by Tools.call
+        return await super().call(name, arguments)
+
+
+def test_branches_replay_tool_timeouts_and_failures_without_calling_again(tiny_tokenizer):
+    eot = tiny_tokenizer.convert_tokens_to_ids("<|im_end|>")
+    server, tools = TreeServer(tiny_tokenizer, eot, answer_p=0.0, max_calls=2), FlakyTools()
+    cfg = config(4, initial_rollouts=2, branch_probability=1.0, entropy_weight=0.0)
+    cfg.algorithm.igpo.agent.tool_timeout_s = 0.2
+    outs = asyncio.run(run_prompt(tiny_tokenizer, cfg, server, tools))
+    status = [o.extra_fields["igpo_tool_status"] for o in outs]
+    assert [s[0] for s in status[:2]] == ["infra_error", "infra_error"]  # the roots' first calls failed
+    for o in outs[2:]:
+        parent = o.extra_fields["arpo_parent"]
+        assert parent in (0, 1)  # a branch from the first tool result of a root: it inherits that failure
+        assert o.extra_fields["igpo_tool_status"][0] == "infra_error" == status[parent][0]
+    live = sum(len([s for s in st if s != "answer"]) for st in status) - sum(
+        1 for o in outs[2:] for end, name in zip(outs[o.extra_fields["arpo_parent"]].extra_fields["igpo_turn_ends"],
+                                                  status[o.extra_fields["arpo_parent"]])
+        if name != "answer" and end < o.extra_fields["arpo_branch_pos"])
+    assert tools.calls == live
