@@ -378,9 +378,10 @@ class PromptTree:
                 "trainer.v1.trainer_mode=igpo_sync), or set algorithm.arpo.enabled=false.")
         window = rows[boundary - 1: boundary - 1 + n]
         if len(window) != n or any(not isinstance(r, (list, tuple)) or len(r) < 2 for r in window):
+            shapes = [len(r) if isinstance(r, (list, tuple)) else r for r in window[:3]]
             raise ARPOSetupError(
-                f"arpo: the rollout server returned prompt_logprobs rows of {[len(r) if isinstance(r, (list, tuple)) else r for r in window[:3]]} "
-                f"entries for prompt_logprobs={self.cfg.top_k}; ARPO needs the top-K log-probs of each position.")
+                f"arpo: the rollout server returned prompt_logprobs rows of {shapes} entries for prompt_logprobs="
+                f"{self.cfg.top_k}; ARPO needs the top-K log-probs of each position.")
         width = max(len(r) for r in window)
         values = torch.full((1, n, width), float("-inf"), dtype=torch.float64)
         for j, row in enumerate(window):

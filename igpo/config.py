@@ -27,13 +27,16 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from igpo.agent_config import AgentLoopConfig, RolloutScoringConfig, _plain
 from igpo.core.advantage import WARMUP_TIMINGS, AdvantageConfig, CurriculumConfig
 from igpo.core.info_gain import InfoGainConfig
 from igpo.core.infra import INFRA_FAILURE_POLICIES
 from igpo.core.infopo import InfoPOConfig
+
+if TYPE_CHECKING:
+    from igpo.core.arpo import ARPOConfig
 
 SCORE_ON = ("actor", "rollout")
 _CURRICULUM_KEYS = {

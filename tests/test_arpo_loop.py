@@ -45,7 +45,8 @@ class TreeServer:
             peaked = [0.0] + [-30.0] * (k - 1)
             uniform = [-2.302585] * k
             # the first turn's measured positions (k = 20 tokens after the prompt) are peaked
-            rows = [peaked if i < self.prompt_len + 20 or self.late == "peaked" else uniform for i in range(len(ids) - 1)]
+            rows = [peaked if i < self.prompt_len + 20 or self.late == "peaked" else uniform
+                    for i in range(len(ids) - 1)]
             return TokenOutput(token_ids=[0], log_probs=[0.0], extra_fields={"prompt_logprobs": rows + [[0.0] * k]})
         if self.prompt_len is None:
             self.prompt_len = len(ids)
