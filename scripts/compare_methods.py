@@ -1,0 +1,262 @@
+"""Compare the credit methods on the CPU demo: GRPO (outcome only) vs IGPO vs InfoPO vs ARPO, same agent loop, same
+budget, several seeds each; writes ``results/cpu_compare/``.
+
+Every run is ``bash train_igpo.sh`` on the CPU demo (verl's trainer, our agent loop, the tool server over HTTP, the
+F1 reward) with validation before the first step and every ``--val-every`` steps. Methods differ only in their
+overrides (``METHODS``); the budget (steps, prompts per step, rollouts per prompt) is the same for all. ARPO runs
+with GRPO's advantage over its branched groups, so ARPO vs GRPO is "branching at equal trajectory budget".
+
+Outputs (``--out``, default ``results/cpu_compare``):
+    steps.csv     one row per (method, seed, step): train score, validation F1 (where validated), tool calls per
+                  trajectory, step time
+    val_f1.png    validation F1 vs step: the mean over seeds per method, with the min..max spread shaded
+    summary.md    the settings, commit, data hash, per-method table (val F1 before / after as mean +- std over seeds,
+                  tool calls per trajectory, wall time), and the sample-efficiency line (steps for IGPO's mean curve
+                  to reach GRPO's final mean validation F1, or that it does not get there)
+    runs/<method>-s<seed>/   each run's train.log and tool-server log (checkpoints are not kept)
+
+Usage:
+    python scripts/compare_methods.py                      # grpo igpo infopo arpo, seeds 0 1 2, 6 steps
+    python scripts/compare_methods.py --methods grpo,igpo --seeds 0,1,2,3 --steps 10 -- data.train_batch_size=8
+Everything after ``--`` is passed to every run (Hydra overrides). A failed run stops the script with its log tail;
+``--resume`` keeps finished runs (a run directory with a parsed final step) and runs only the missing ones.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import hashlib
+import math
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# What makes each method; everything else is the CPU demo's configuration (configs/cpu_demo.yaml).
+METHODS: dict[str, list[str]] = {
+    "grpo": ["algorithm.adv_estimator=grpo"],
+    "igpo": ["algorithm.adv_estimator=igpo"],
+    "infopo": ["algorithm.adv_estimator=infopo"],
+    "arpo": ["algorithm.adv_estimator=grpo", "algorithm.arpo.enabled=true"],
+}
+STEP_LINE = re.compile(r"step:(\d+) - (.*)")
+METRIC = re.compile(r"([A-Za-z0-9_@/\-.]+):(-?[0-9.]+(?:[eE][-+]?[0-9]+)?|nan|inf)")
+
+
+@dataclass
+class Run:
+    method: str
+    seed: int
+    directory: Path
+    wall_s: float = math.nan
+    steps: dict[int, dict[str, float]] = field(default_factory=dict)
+
+    @property
+    def finished(self) -> bool:
+        return bool(self.steps)
+
+
+def parse_log(text: str) -> dict[int, dict[str, float]]:
+    """Metrics per global step from verl's console lines (``step:N - key:value - key:value ...``); a step's
+    validation line and training line are merged."""
+    steps: dict[int, dict[str, float]] = {}
+    for line in text.splitlines():
+        match = STEP_LINE.search(line)
+        if match:
+            metrics = steps.setdefault(int(match.group(1)), {})
+            metrics.update((k, float(v)) for k, v in METRIC.findall(match.group(2)))
+    return steps
+
+
+def tool_calls_per_trajectory(metrics: dict[str, float]) -> float:
+    """Tool turns per training trajectory: assistant turns minus the answer turn (``igpo/turns_mean`` - 1), the same
+    measure for every method (the tool server's ``tools/calls`` also counts the validation rollouts)."""
+    turns = metrics.get("igpo/turns_mean")
+    return turns - 1.0 if turns is not None else math.nan
+
+
+def run_one(run: Run, steps: int, val_every: int, extra: list[str], timeout_s: float) -> None:
+    run.directory.mkdir(parents=True, exist_ok=True)
+    overrides = METHODS[run.method] + [
+        f"trainer.total_training_steps={steps}", "trainer.val_before_train=true", f"trainer.test_freq={val_every}",
+        f"data.seed={run.seed}", f"algorithm.arpo.seed={run.seed}", "trainer.save_freq=-1",
+    ] + extra
+    env = {**os.environ, "OUTPUT_DIR": str(run.directory), "IGPO_DEVICE": "cpu"}
+    env.pop("TOOL_SERVER_URL", None)
+    start = time.monotonic()
+    proc = subprocess.run(["bash", str(ROOT / "train_igpo.sh"), *overrides], cwd=ROOT, env=env, text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout_s)
+    run.wall_s = time.monotonic() - start
+    (run.directory / "console.log").write_text(proc.stdout)
+    if proc.returncode != 0:
+        raise SystemExit(f"compare: {run.method} seed {run.seed} failed (exit {proc.returncode}); its output ends:\n"
+                         + "\n".join(proc.stdout.splitlines()[-25:]))
+    run.steps = parse_log((run.directory / "train.log").read_text())
+    if steps not in run.steps:
+        raise SystemExit(f"compare: {run.method} seed {run.seed} exited 0 but logged no step {steps}; see "
+                         f"{run.directory / 'train.log'}")
+    (run.directory / "wall_s.txt").write_text(f"{run.wall_s:.1f}\n")
+
+
+def load_finished(run: Run, steps: int) -> bool:
+    log, wall = run.directory / "train.log", run.directory / "wall_s.txt"
+    if not (log.is_file() and wall.is_file()):
+        return False
+    parsed = parse_log(log.read_text())
+    if steps not in parsed:
+        return False
+    run.steps, run.wall_s = parsed, float(wall.read_text())
+    return True
+
+
+def mean_curve(runs: list[Run], key: str) -> dict[int, list[float]]:
+    """step -> values over seeds, for the steps where every seed logged ``key``."""
+    per_step: dict[int, list[float]] = {}
+    for run in runs:
+        for step, metrics in run.steps.items():
+            if key in metrics and math.isfinite(metrics[key]):
+                per_step.setdefault(step, []).append(metrics[key])
+    return {s: v for s, v in sorted(per_step.items()) if len(v) == len(runs)}
+
+
+def steps_to_reach(curve: dict[int, list[float]], target: float) -> int | None:
+    for step, values in curve.items():
+        if step > 0 and statistics.fmean(values) >= target:
+            return step
+    return None
+
+
+def fmt(values: list[float]) -> str:
+    if not values:
+        return "n/a"
+    spread = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{statistics.fmean(values):.3f} ± {spread:.3f}"
+
+
+def data_hash() -> str:
+    digest = hashlib.sha256()
+    for name in ("demo_train.parquet", "demo_val.parquet", "wiki_passages_1000.jsonl"):
+        digest.update((ROOT / "data" / name).read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def write_outputs(out: Path, runs: dict[str, list[Run]], args: argparse.Namespace, trajectories: int) -> str:
+    with (out / "steps.csv").open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["method", "seed", "step", "train_score", "val_f1", "tool_calls_per_trajectory", "step_s"])
+        for method, group in runs.items():
+            for run in group:
+                for step, m in sorted(run.steps.items()):
+                    cells = [m.get("critic/score/mean"), m.get("val-core/all/f1"),
+                             tool_calls_per_trajectory(m) if "critic/score/mean" in m else None,
+                             m.get("timing_s/step")]
+                    writer.writerow([method, run.seed, step] + ["" if c is None or not math.isfinite(c) else
+                                                                f"{c:.4f}" for c in cells])
+
+    curves = {method: mean_curve(group, "val-core/all/f1") for method, group in runs.items()}
+    _plot(out / "val_f1.png", curves, args)
+
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                            text=True).stdout.strip() or "unknown"
+    lines = [
+        "# CPU method comparison (`scripts/compare_methods.py`)", "",
+        f"Settings: {args.steps} steps, {trajectories} trajectories per step, validation every {args.val_every} "
+        f"steps on the demo's held-out split, seeds {','.join(map(str, args.seeds))}; extra overrides: "
+        f"{' '.join(args.extra) or 'none'}. Commit {commit}, data hash {data_hash()}, "
+        f"{time.strftime('%Y-%m-%d', time.gmtime())}.", "",
+        "| method | val F1 before | val F1 after | train score (last step) | tool calls / trajectory | wall s / run |",
+        "|---|---|---|---|---|---|",
+    ]
+    for method, group in runs.items():
+        before = [r.steps[0]["val-core/all/f1"] for r in group if "val-core/all/f1" in r.steps.get(0, {})]
+        after = [r.steps[args.steps]["val-core/all/f1"] for r in group
+                 if "val-core/all/f1" in r.steps.get(args.steps, {})]
+        score = [r.steps[args.steps]["critic/score/mean"] for r in group
+                 if "critic/score/mean" in r.steps.get(args.steps, {})]
+        calls = [statistics.fmean(v) for r in group
+                 if (v := [c for s, m in r.steps.items() if s > 0 and "critic/score/mean" in m
+                           and math.isfinite(c := tool_calls_per_trajectory(m))])]
+        lines.append(f"| {method} | {fmt(before)} | {fmt(after)} | {fmt(score)} | {fmt(calls)} | "
+                     f"{statistics.fmean(r.wall_s for r in group):.0f} |")
+    lines.append("")
+    if "grpo" in curves and "igpo" in curves and curves["grpo"]:
+        target = statistics.fmean(curves["grpo"][max(curves["grpo"])])
+        reached = steps_to_reach(curves["igpo"], target)
+        lines.append(f"Sample efficiency: GRPO's final mean validation F1 is {target:.3f}; IGPO's mean curve "
+                     + (f"reaches it at step {reached} of {args.steps}." if reached is not None
+                        else "does not reach it within the budget."))
+    summary = "\n".join(lines) + "\n"
+    (out / "summary.md").write_text(summary)
+    return summary
+
+
+def _plot(path: Path, curves: dict[str, dict[int, list[float]]], args: argparse.Namespace) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for method, curve in curves.items():
+        if not curve:
+            continue
+        steps = list(curve)
+        ax.plot(steps, [statistics.fmean(v) for v in curve.values()], marker="o", label=method)
+        ax.fill_between(steps, [min(v) for v in curve.values()], [max(v) for v in curve.values()], alpha=0.2)
+    ax.set_xlabel("training step")
+    ax.set_ylabel("validation F1 (mean over seeds; band: min..max)")
+    ax.set_title(f"CPU demo, {len(args.seeds)} seeds per method")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated, of {', '.join(METHODS)}")
+    parser.add_argument("--seeds", default="0,1,2", help="comma-separated integers (>= 3 for a reported figure)")
+    parser.add_argument("--steps", type=int, default=6, help="training steps per run (the same for every method)")
+    parser.add_argument("--val-every", type=int, default=2, help="validation every N steps (and before step 1)")
+    parser.add_argument("--out", type=Path, default=ROOT / "results" / "cpu_compare")
+    parser.add_argument("--resume", action="store_true", help="keep finished runs in --out/runs, run the rest")
+    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per run before it is killed")
+    parser.add_argument("extra", nargs="*", help="Hydra overrides for every run, after --")
+    args = parser.parse_args()
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown or not methods:
+        parser.error(f"--methods {args.methods!r}: unknown {unknown}; choose from {', '.join(METHODS)}")
+    try:
+        args.seeds = [int(s) for s in args.seeds.split(",")]
+    except ValueError:
+        parser.error(f"--seeds {args.seeds!r}: give comma-separated integers, e.g. 0,1,2")
+    if args.steps < 1 or args.val_every < 1:
+        parser.error("--steps and --val-every must be >= 1")
+    batch = next((int(e.split("=", 1)[1]) for e in args.extra if e.startswith("data.train_batch_size=")), 4)
+    n = next((int(e.split("=", 1)[1]) for e in args.extra if e.startswith("actor_rollout_ref.rollout.n=")), 2)
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    runs: dict[str, list[Run]] = {m: [Run(m, s, args.out / "runs" / f"{m}-s{s}") for s in args.seeds]
+                                  for m in methods}
+    for method in methods:
+        for run in runs[method]:
+            if args.resume and load_finished(run, args.steps):
+                print(f"compare: {method} seed {run.seed}: kept ({run.wall_s:.0f} s)", flush=True)
+                continue
+            run_one(run, args.steps, args.val_every, args.extra, args.timeout)
+            final = run.steps[args.steps].get("val-core/all/f1", math.nan)
+            print(f"compare: {method} seed {run.seed}: {run.wall_s:.0f} s, final validation F1 {final:.3f}",
+                  flush=True)
+    print(write_outputs(args.out, runs, args, batch * n), end="")
+
+
+if __name__ == "__main__":
+    main()
