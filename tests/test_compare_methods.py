@@ -1,0 +1,77 @@
+"""scripts/compare_methods.py without training: parsing verl's console lines, the seed aggregation, the
+sample-efficiency line and the files it writes (the runs themselves are what `bash train_igpo.sh` does)."""
+
+import argparse
+import csv
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+spec = importlib.util.spec_from_file_location("compare_methods", ROOT / "scripts" / "compare_methods.py")
+compare = importlib.util.module_from_spec(spec)
+sys.modules["compare_methods"] = compare  # dataclasses resolve annotations through it
+spec.loader.exec_module(compare)
+
+LOG = """\
+(TaskRunner pid=1) step:0 - val-core/all/f1:0.10 - val-core/all/score:0.1
+(TaskRunner pid=1) step:1 - critic/score/mean:0.25 - igpo/turns_mean:2.5 - timing_s/step:4.5 - actor/grad_norm:nan
+(TaskRunner pid=1) step:2 - critic/score/mean:0.5 - igpo/turns_mean:3.0 - timing_s/step:5.0
+(TaskRunner pid=1) step:2 - val-core/all/f1:0.30 - num_turns/mean:np.float64(4.0)
+some other line step:x
+"""
+
+
+def test_parse_log_merges_a_steps_training_and_validation_lines():
+    steps = compare.parse_log(LOG)
+    assert sorted(steps) == [0, 1, 2]
+    assert steps[0] == {"val-core/all/f1": 0.10, "val-core/all/score": 0.1}
+    assert steps[2]["val-core/all/f1"] == 0.30 and steps[2]["critic/score/mean"] == 0.5
+    assert math.isnan(steps[1]["actor/grad_norm"])
+    assert compare.tool_calls_per_trajectory(steps[2]) == 2.0
+    assert math.isnan(compare.tool_calls_per_trajectory(steps[0]))
+
+
+def _run(method, seed, tmp_path, curve, score=0.5):
+    run = compare.Run(method, seed, tmp_path / f"{method}-s{seed}", wall_s=100.0)
+    for step, f1 in curve.items():
+        run.steps[step] = {"val-core/all/f1": f1}
+        if step > 0:
+            run.steps[step].update({"critic/score/mean": score, "igpo/turns_mean": 2.0})
+    return run
+
+
+def test_curves_keep_only_steps_every_seed_validated_and_sample_efficiency_is_read_from_the_mean(tmp_path):
+    grpo = [_run("grpo", s, tmp_path, {0: 0.1, 2: 0.2, 4: 0.3}) for s in range(3)]
+    igpo = [_run("igpo", s, tmp_path, {0: 0.1, 2: 0.2 + 0.1 * s, 4: 0.5}) for s in range(3)]
+    igpo[0].steps.pop(4)  # one seed did not validate at step 4: the step is left out of the mean curve
+    curve = compare.mean_curve(igpo, "val-core/all/f1")
+    assert list(curve) == [0, 2]
+    # GRPO ends at 0.3; IGPO's mean at step 2 is 0.3 (0.2, 0.3, 0.4): reached at step 2.
+    assert compare.steps_to_reach(curve, 0.3) == 2
+    assert compare.steps_to_reach(curve, 0.31) is None
+    assert compare.steps_to_reach(compare.mean_curve(grpo, "val-core/all/f1"), 0.05) == 2  # step 0 never counts
+
+
+def test_write_outputs_writes_the_csv_plot_and_summary(tmp_path):
+    runs = {"grpo": [_run("grpo", s, tmp_path, {0: 0.1, 2: 0.2}) for s in range(3)],
+            "igpo": [_run("igpo", s, tmp_path, {0: 0.1, 2: 0.1 + 0.1 * s}) for s in range(3)]}
+    args = argparse.Namespace(steps=2, val_every=2, seeds=[0, 1, 2], extra=[])
+    summary = compare.write_outputs(tmp_path, runs, args, trajectories=8)
+    rows = list(csv.DictReader((tmp_path / "steps.csv").open()))
+    assert len(rows) == 12 and rows[0]["method"] == "grpo" and rows[1]["tool_calls_per_trajectory"] == "1.0000"
+    assert (tmp_path / "val_f1.png").stat().st_size > 1000
+    assert "| grpo | 0.100 ± 0.000 | 0.200 ± 0.000 |" in summary
+    assert "| igpo | 0.100 ± 0.000 | 0.200 ± 0.100 |" in summary
+    assert "IGPO's mean curve reaches it at step 2 of 2." in summary
+    assert summary == (tmp_path / "summary.md").read_text()
+
+
+def test_unknown_method_is_refused_with_the_choices(monkeypatch, capsys):
+    monkeypatch.setattr("sys.argv", ["compare_methods.py", "--methods", "grpo,ppo"])
+    with pytest.raises(SystemExit):
+        compare.main()
+    assert "unknown ['ppo']; choose from grpo, igpo, infopo, arpo" in capsys.readouterr().err
