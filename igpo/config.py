@@ -203,7 +203,6 @@ def arpo_config_from(config: Mapping[str, Any]) -> "ARPOConfig":
     try:
         return ARPOConfig.from_dict(section)
     except (TypeError, ValueError) as error:
-        message = str(error).replace("arpo.", "algorithm.arpo.")
-        if "algorithm.arpo.rollouts_per_prompt" in message:
-            message += " (algorithm.arpo.rollouts_per_prompt is actor_rollout_ref.rollout.n)"
-        raise ValueError(message) from None
+        message = str(error).replace("arpo.rollouts_per_prompt", "actor_rollout_ref.rollout.n")
+        message = message.replace("raise rollouts_per_prompt", "raise actor_rollout_ref.rollout.n")
+        raise ValueError(message.replace("arpo.", "algorithm.arpo.")) from None

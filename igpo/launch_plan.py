@@ -105,6 +105,7 @@ def plan_launch(config: Any, env: Environment) -> Plan:
 
     check_inputs(config)
     igpo = check_algorithm(config)
+    arpo = check_arpo(config, igpo)
     on_cpu = str(config.trainer.get("device", "cuda")) == "cpu" or os.environ.get("VERL_PLATFORM", "").lower() == "cpu"
     if on_cpu:
         check_cpu_backend(config)
@@ -136,6 +137,11 @@ def plan_launch(config: Any, env: Environment) -> Plan:
     window = getattr(model, "max_position_embeddings", None)
     context = int(rollout.prompt_length) + int(rollout.response_length)
     notes: list[str] = []
+    if arpo.enabled:
+        notes.append(f"ARPO branching (agent loop arpo_agent): M={arpo.rollouts_per_prompt} (rollout.n), "
+                     f"N={arpo.initial_rollouts}, Z={arpo.branch_factor}, tau={arpo.branch_probability:g}, "
+                     f"beta={arpo.entropy_weight:g}, k={arpo.entropy_tokens}, top-K={arpo.top_k}, "
+                     f"{arpo.attribution} attribution")
     if model is None:
         notes.append(f"model config not readable at {arr.model.path!s}; context window and head counts not checked")
     if window is not None and context > window:
@@ -282,7 +288,6 @@ def check_algorithm(config: Any):
                 "distribution.")
     if trainer_mode == "igpo_sync":
         check_rollout_correction(config)
-    check_arpo(config, igpo)
     return igpo
 
 

@@ -29,6 +29,7 @@ def test_train_igpo_sh_with_arpo_branches_and_keeps_the_tree_metadata(tmp_path):
     assert rc == 0, out[-4000:]
     assert "igpo: step:2/2" in out, out[-3000:]
     assert "'default_agent_loop': 'arpo_agent'" in log  # the launcher switched the loop
+    assert "igpo: note: ARPO branching (agent loop arpo_agent): M=2 (rollout.n), N=1, Z=2, tau=1" in out, out[:3000]
     branches = _values(log, "arpo/branches_per_prompt")
     assert len(branches) == 2 and max(branches) > 0, branches
     assert len(_values(log, "arpo/delta_h_mean")) == 2 and max(_values(log, "arpo/measured_turns")) > 0
