@@ -306,7 +306,7 @@ class IGPOTrainerSync(PPOTrainerSync):
         infra = self._infra_mask(extras, padded["response_mask"].bool(), metrics)
         advantages, returns = self._igpo_advantage(extras, uids, padded["response_mask"].bool(),
                                                    padded["rm_scores"].float(), metrics, score_on_actor, infra=infra)
-        advantages = self._arpo_attribution(advantages, padded["response_mask"], uids, extras)
+        advantages = self._arpo_attribution(advantages, padded["response_mask"], uids, extras, metrics)
         metrics["timing_s/igpo_advantage"] = time.perf_counter() - started
         fields = {"advantages": response_to_nested(advantages.float(), nested_mask),
                   "returns": response_to_nested(returns.float(), nested_mask)}
@@ -339,7 +339,7 @@ class IGPOTrainerSync(PPOTrainerSync):
                                    select_fields=["uid", "advantages", "response_mask"])
             nested_mask, padded = data["response_mask"], data.to_padded_tensor()
             advantages = self._arpo_attribution(padded["advantages"].float(), padded["response_mask"],
-                                                data.pop("uid").tolist(), extras)
+                                                data.pop("uid").tolist(), extras, metrics)
             fields = TensorDict({"advantages": response_to_nested(advantages, nested_mask)}, batch_size=len(batch))
             out = tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=fields)
         return out
@@ -367,7 +367,7 @@ class IGPOTrainerSync(PPOTrainerSync):
         return arpo is not None and arpo.enabled and arpo.attribution == "hard"
 
     def _arpo_attribution(self, advantages: torch.Tensor, response_mask: torch.Tensor, uids: list,
-                          extras: list[dict]) -> torch.Tensor:
+                          extras: list[dict], metrics: dict | None = None) -> torch.Tensor:
         """ARPO's hard attribution (``algorithm.arpo.attribution=hard``): every copy of a token that branches share
         gets the mean advantage of the trajectories sharing it (``igpo.core.arpo.hard_attribution``, from the rollout's
         tree metadata and its own response mask). Soft (the default) and ARPO off return the advantages as they are."""
@@ -375,6 +375,10 @@ class IGPOTrainerSync(PPOTrainerSync):
             return advantages
         group = arpo_core.soft_group_ids(uids)
         meta = _arpo_meta(extras)
+        if metrics is not None:  # trained tokens that several trajectories share (their advantage is averaged)
+            shared = arpo_core.share_counts(group, meta["arpo_index"], meta["arpo_parent"], meta["arpo_branch_pos"],
+                                            advantages.shape[1]) > 1
+            metrics["arpo/hard_shared_tokens"] = float((shared & response_mask.bool()).sum())
         return arpo_core.hard_attribution(advantages, response_mask.bool(), group, meta["arpo_index"],
                                           meta["arpo_parent"], meta["arpo_branch_pos"])
 
@@ -478,7 +482,7 @@ class IGPOTrainerSync(PPOTrainerSync):
         infra = self._infra_mask(extras, padded["response_mask"].bool(), metrics)
         advantages = self._infopo_advantage(extras, uids, padded["response_mask"].bool(), padded["rm_scores"].float(),
                                             metrics, counterfactual, infra=infra)
-        advantages = self._arpo_attribution(advantages, padded["response_mask"], uids, extras)
+        advantages = self._arpo_attribution(advantages, padded["response_mask"], uids, extras, metrics)
         metrics["timing_s/infopo_advantage"] = time.perf_counter() - started
         nested = response_to_nested(advantages.float(), nested_mask)
         fields = {"advantages": nested, "returns": response_to_nested(advantages.float(), nested_mask)}

@@ -28,7 +28,9 @@ def test_hard_equals_soft_when_nothing_branched_and_averages_shared_tokens_other
     assert torch.equal(_trainer("hard")._arpo_attribution(adv, mask, uids, roots), adv)
     tree = [_record(0), _record(1, parent=0, pos=2), _record(2)]
     assert torch.equal(_trainer("soft")._arpo_attribution(adv, mask, uids, tree), adv)  # soft: plain GRPO/IGPO
-    hard = _trainer("hard")._arpo_attribution(adv, mask, uids, tree)
+    metrics = {}
+    hard = _trainer("hard")._arpo_attribution(adv, mask, uids, tree, metrics)
+    assert metrics == {"arpo/hard_shared_tokens": 4.0}  # two positions in two rows
     assert hard[:2, :2].eq(0.0).all()  # the two tokens rows 0 and 1 share get the mean of 1 and -1
     assert torch.equal(hard[:, 2:], adv[:, 2:]) and torch.equal(hard[2], adv[2])
     assert torch.equal(_trainer("hard", enabled=False)._arpo_attribution(adv, mask, uids, tree), adv)

@@ -41,3 +41,21 @@ def test_train_igpo_sh_with_arpo_branches_and_keeps_the_tree_metadata(tmp_path):
     grad_norms = _values(log, "actor/grad_norm")
     assert len(grad_norms) == 2 and all(g < float("inf") for g in grad_norms), grad_norms
     print(f"arpo e2e: {elapsed:.0f} s, branches per prompt {branches}")
+
+
+def test_hard_attribution_rewrites_verls_grpo_advantages(tmp_path):
+    """The stock-estimator path: verl computes GRPO's advantages, igpo_sync reads them back from TransferQueue and
+    writes the tree average (algorithm.arpo.attribution=hard)."""
+    env = {**os.environ, "OUTPUT_DIR": str(tmp_path / "run"), "IGPO_DEVICE": "cpu"}
+    env.pop("TOOL_SERVER_URL", None)
+    rc, out = run_guarded(["bash", "train_igpo.sh", "algorithm.arpo.enabled=true", "trainer.total_training_steps=2",
+                           "algorithm.arpo.branch_probability=1.0", "algorithm.arpo.attribution=hard",
+                           "algorithm.adv_estimator=grpo"], env, timeout=420)
+    log = (tmp_path / "run" / "train.log").read_text()
+    assert rc == 0, out[-4000:]
+    assert "igpo: step:2/2" in out and "hard attribution" in out, out[-3000:]
+    assert max(_values(log, "arpo/branches_per_prompt")) > 0
+    assert max(_values(log, "arpo/hard_shared_tokens")) > 0  # the shared prefixes' advantages were averaged
+    assert _values(log, "arpo/prefix_mismatches") == [0.0, 0.0]
+    grad_norms = _values(log, "actor/grad_norm")
+    assert len(grad_norms) == 2 and all(g < float("inf") for g in grad_norms), grad_norms
