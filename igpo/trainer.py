@@ -698,6 +698,10 @@ class IGPOTrainerSync(PPOTrainerSync):
         return {
             **arpo_core.step_metrics(extras),  # arpo/* when the arpo_agent loop branched (nothing otherwise)
             "igpo/turns_mean": float(num_turns.float().mean()) if len(num_turns) else 0.0,
+            # Tool calls (malformed and answer turns excluded) per trajectory: what ARPO claims to halve vs GRPO.
+            "igpo/tool_calls_per_trajectory": float(np.mean([
+                sum(name is not None for name in (e.get("igpo_tool_names") or [])) for e in extras]))
+            if extras else 0.0,
             "igpo/infra_errors": total("igpo_infra_errors"),
             "igpo/scoring_errors": total("igpo_scoring_errors"),
             "igpo/forced_final_ratio": share("igpo_forced_final"),

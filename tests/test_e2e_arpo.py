@@ -33,7 +33,7 @@ def test_train_igpo_sh_with_arpo_branches_and_keeps_the_tree_metadata(tmp_path):
     branches = _values(log, "arpo/branches_per_prompt")
     assert len(branches) == 2 and max(branches) > 0, branches
     assert len(_values(log, "arpo/delta_h_mean")) == 2 and max(_values(log, "arpo/measured_turns")) > 0
-    assert len(_values(log, "arpo/tool_calls_per_trajectory")) == 2 and len(_values(log, "arpo/topups_per_prompt")) == 2
+    assert len(_values(log, "igpo/tool_calls_per_trajectory")) == 2 and len(_values(log, "arpo/topups_per_prompt")) == 2
     # What verl stored and trained on carries the tree: every prompt has its M trajectories, and every branch equals
     # its parent (ids and loss mask) before arpo_branch_pos.
     assert _values(log, "arpo/prefix_mismatches") == [0.0, 0.0]

@@ -84,8 +84,8 @@ class ARPOConfig:
 
     def __post_init__(self):
         if self.attribution not in ATTRIBUTIONS:
-            raise ValueError(f"arpo.attribution={self.attribution!r} is unknown; use one of {ATTRIBUTIONS} (soft: plain "
-                             "GRPO/IGPO over the branched group, the paper's default).")
+            raise ValueError(f"arpo.attribution={self.attribution!r} is unknown; use one of {ATTRIBUTIONS} (soft: "
+                             "plain GRPO/IGPO over the branched group, the paper's default).")
         if not isinstance(self.enabled, bool):
             raise ValueError(f"arpo.enabled={self.enabled!r} must be true or false.")
         for name, low in (("rollouts_per_prompt", 1), ("initial_rollouts", 1), ("branch_factor", 1),
@@ -512,9 +512,9 @@ def shared_turn_weights(turn_end: Tensor, turn_valid: Tensor, group: Tensor, ind
 
 def step_metrics(records: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     """``arpo/*`` metrics of one training step from each trajectory's record (the agent loop's extra fields):
-    ``arpo_parent``, ``arpo_is_topup``, ``arpo_delta_h`` (the ΔH of every turn it measured), ``arpo_prompt``
-    (which prompt group it belongs to) and ``igpo_tool_names`` (None for an answer turn). Empty when no record
-    carries ARPO fields (ARPO off)."""
+    ``arpo_parent``, ``arpo_is_topup``, ``arpo_delta_h`` (the ΔH of every turn it measured), ``arpo_unmeasured`` and
+    ``arpo_prompt`` (which prompt group it belongs to). Empty when no record carries ARPO fields (ARPO off). Tool
+    calls per trajectory are logged for every run, branched or not (``igpo/tool_calls_per_trajectory``)."""
     rows = [r for r in records if "arpo_parent" in r]
     if not rows:
         return {}
@@ -522,13 +522,11 @@ def step_metrics(records: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     branches = sum(int(r["arpo_parent"]) >= 0 for r in rows)
     topups = sum(bool(r.get("arpo_is_topup")) for r in rows)
     deltas = [float(d) for r in rows for d in (r.get("arpo_delta_h") or [])]
-    calls = [sum(name is not None for name in (r.get("igpo_tool_names") or [])) for r in rows]
     return {
         "arpo/branches_per_prompt": branches / prompts,
         "arpo/branch_share": branches / len(rows),
         "arpo/topups_per_prompt": topups / prompts,
         "arpo/delta_h_mean": float(np.mean(deltas)) if deltas else 0.0,
         "arpo/measured_turns": float(len(deltas)),
-        "arpo/tool_calls_per_trajectory": float(np.mean(calls)),
         "arpo/unmeasured_turns": float(sum(int(r.get("arpo_unmeasured", 0) or 0) for r in rows)),
     }
