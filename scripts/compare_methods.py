@@ -240,6 +240,11 @@ def main() -> None:
         parser.error(f"--seeds {args.seeds!r}: give comma-separated integers, e.g. 0,1,2")
     if args.steps < 1 or args.val_every < 1:
         parser.error("--steps and --val-every must be >= 1")
+    try:  # checked before an hour of runs, not at the plot
+        import matplotlib  # noqa: F401
+    except ImportError:
+        parser.error("matplotlib is not installed in this Python; run the script with .venv/bin/python (created by "
+                     "bash scripts/test.sh or train_igpo.sh) or pip install matplotlib")
     batch = next((int(e.split("=", 1)[1]) for e in args.extra if e.startswith("data.train_batch_size=")), 4)
     n = next((int(e.split("=", 1)[1]) for e in args.extra if e.startswith("actor_rollout_ref.rollout.n=")), 2)
 
