@@ -32,7 +32,6 @@ import os
 import re
 import statistics
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,10 +56,6 @@ class Run:
     directory: Path
     wall_s: float = math.nan
     steps: dict[int, dict[str, float]] = field(default_factory=dict)
-
-    @property
-    def finished(self) -> bool:
-        return bool(self.steps)
 
 
 def parse_log(text: str) -> dict[int, dict[str, float]]:
@@ -219,6 +214,20 @@ def _plot(path: Path, curves: dict[str, dict[int, list[float]]], args: argparse.
     plt.close(fig)
 
 
+def _trajectories_per_step(extra: list[str]) -> int:
+    """Prompts per step x rollouts per prompt: the CPU demo's configuration, with any override of the two applied."""
+    from omegaconf import OmegaConf
+
+    demo = OmegaConf.load(ROOT / "configs" / "cpu_demo.yaml")
+    values = {"data.train_batch_size": demo.data.train_batch_size,
+              "actor_rollout_ref.rollout.n": demo.actor_rollout_ref.rollout.n}
+    for override in extra:
+        key, _, value = override.partition("=")
+        if key in values:
+            values[key] = int(value)
+    return int(values["data.train_batch_size"]) * int(values["actor_rollout_ref.rollout.n"])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated, of {', '.join(METHODS)}")
@@ -245,8 +254,7 @@ def main() -> None:
     except ImportError:
         parser.error("matplotlib is not installed in this Python; run the script with .venv/bin/python (created by "
                      "bash scripts/test.sh or train_igpo.sh) or pip install matplotlib")
-    batch = next((int(e.split("=", 1)[1]) for e in args.extra if e.startswith("data.train_batch_size=")), 4)
-    n = next((int(e.split("=", 1)[1]) for e in args.extra if e.startswith("actor_rollout_ref.rollout.n=")), 2)
+    trajectories = _trajectories_per_step(args.extra)
 
     args.out.mkdir(parents=True, exist_ok=True)
     runs: dict[str, list[Run]] = {m: [Run(m, s, args.out / "runs" / f"{m}-s{s}") for s in args.seeds]
@@ -260,7 +268,7 @@ def main() -> None:
             final = run.steps[args.steps].get("val-core/all/f1", math.nan)
             print(f"compare: {method} seed {run.seed}: {run.wall_s:.0f} s, final validation F1 {final:.3f}",
                   flush=True)
-    print(write_outputs(args.out, runs, args, batch * n), end="")
+    print(write_outputs(args.out, runs, args, trajectories), end="")
 
 
 if __name__ == "__main__":

@@ -75,3 +75,8 @@ def test_unknown_method_is_refused_with_the_choices(monkeypatch, capsys):
     with pytest.raises(SystemExit):
         compare.main()
     assert "unknown ['ppo']; choose from grpo, igpo, infopo, arpo" in capsys.readouterr().err
+
+
+def test_trajectories_per_step_come_from_the_demo_config_and_its_overrides():
+    assert compare._trajectories_per_step([]) == 8  # configs/cpu_demo.yaml: 4 prompts x 2 rollouts
+    assert compare._trajectories_per_step(["data.train_batch_size=8", "actor_rollout_ref.rollout.n=4"]) == 32
