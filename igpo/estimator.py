@@ -27,7 +27,7 @@ import torch
 from verl.trainer.ppo import core_algos
 
 from igpo.config import advantage_config_from_algorithm
-from igpo.core.advantage import compute_igpo_advantage, masks_from_token_rewards
+from igpo.core.advantage import advantage_at_boundaries, boundaries_from_token_rewards
 
 ESTIMATOR_NAMES = ("igpo", "grpo_info_gain")
 INFOPO_NAMES = ("infopo",)
@@ -56,24 +56,18 @@ def igpo_advantage(
     cfg = advantage_config_from_algorithm(config)
     group = _group_ids(index, token_level_rewards.shape[0])
     mask = response_mask.bool()
-    _refuse_masked_rewards(token_level_rewards, mask)
-    outcome_mask, ig_mask = masks_from_token_rewards(token_level_rewards, mask)
-    advantages, returns, _ = compute_igpo_advantage(
-        token_level_rewards, outcome_mask, ig_mask, mask, group.to(token_level_rewards.device), cfg
-    )
-    return advantages, returns
-
-
-def _refuse_masked_rewards(token_level_rewards: torch.Tensor, mask: torch.Tensor) -> None:
-    """Raise when a reward sits where the advantage cannot see it (module docstring)."""
-    lost = (token_level_rewards != 0) & ~mask
-    if bool(lost.any()):
-        row, token = (int(v) for v in lost.nonzero()[0])
+    bounds, outside, first = boundaries_from_token_rewards(token_level_rewards, mask)
+    if outside:
+        row, token = divmod(first, token_level_rewards.shape[1])
         raise ValueError(
-            f"{int(lost.sum())} non-zero reward(s) lie on tokens outside response_mask (first: row {row}, token "
+            f"{outside} non-zero reward(s) lie on tokens outside response_mask (first: row {row}, token "
             f"{token}), e.g. IG placed reference-style on an observation's end token, which stock verl masks. They "
             "would be silently dropped. Place each turn's IG on the turn's last generated token, or use the igpo_sync "
             "trainer mode (trainer.v1.trainer_mode=igpo_sync), which places rewards from the recorded turn ends.")
+    # Stock verl keeps only (advantages, returns): the metrics would be computed for nothing.
+    advantages, returns, _ = advantage_at_boundaries(
+        bounds, mask, group.to(token_level_rewards.device), cfg, dtype=token_level_rewards.dtype, with_metrics=False)
+    return advantages, returns
 
 
 def infopo_advantage(token_level_rewards: torch.Tensor, response_mask: torch.Tensor, **unused: Any):

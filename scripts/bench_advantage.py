@@ -12,7 +12,7 @@ a Ray actor with one CPU):
             token_level_rewards=, response_mask=, config=, index=)`` on the reference's dense inputs (rewards [B, L]
             float32, response_mask [B, L] bool, uid strings, the ``algorithm`` DictConfig). Everything the estimator
             does is inside the timing: reading the config, mapping uids to groups, finding the reward positions,
-            the turn-level math, writing the advantages, the metrics.
+            the turn-level math, writing the advantages.
     loop:   ``tests/reference_advantage.reference_advantage`` on the same rewards, its explicit outcome / IG masks
             and the response mask.
     floor:  the physical floor of the verl call: one streaming pass that reads every input array once (rewards and
@@ -23,13 +23,14 @@ a Ray actor with one CPU):
             It skips the search for reward positions, so it is not like for like with the loop.
 
 Reported: speedup_vs_loop = loop / verl; fraction_of_memory_floor = floor / verl (1.0 = the estimator runs at the
-speed of one pass over its inputs and output). Target for the verl call: >= 50x vs the loop or >= 0.7 of the floor;
-on this 2-core shared machine NEITHER is met (2026-11-30: ~35x, ~0.47; figures in the README table). Where the time
-goes (best-of timings, B=256, L=32768): faulting in the fresh 32 MiB output ~3 ms (the floor pays it too, over half of
-the floor's 5.5 ms), writing advantages onto tokens ~1.8 ms, the outcome / IG masks that verl's convention makes the
-estimator build from token rewards ~1.3-3 ms and the pass that finds the boundaries in them ~1.6-2.8 ms, turn-level
-math, checks and metrics ~1.5 ms. Finding the positions straight from the rewards (no masks) measured only ~1 ms
-faster, so the remaining gap is the passes' compute, not their bytes.
+speed of one pass over its inputs and output). Target for the verl call: >= 50x vs the loop or >= 0.7 of the floor.
+On this 2-core machine, shared with other jobs, both sit at the line (2026-11-30: 49-51x, 0.69-0.72; figures in the
+README table). Where the time goes (B=256, L=32768, timings interleaved with the loop, so caches are cold): faulting
+in and writing the fresh 32 MiB output ~4 ms (the floor pays the same), the one pass that finds the reward positions
+in the dense rewards and checks that none lies off the mask ~2.5-3 ms (it has to read all 40 MiB of input, the floor's
+read), reading the config and uids, the turn-level math and its checks ~1 ms. The estimator builds no [B, L] mask and
+computes no metrics (stock verl drops them); before this pass, the masks, a dense check for rewards off the mask and
+a second pass over the masks cost ~15-25 ms together.
 
 The script exits with status 1 when any entry's max_abs_diff against the loop exceeds 1e-5. Last line:
     advantage: speedup_vs_loop=<x>x fraction_of_memory_floor=<f> max_abs_diff=<d>
@@ -70,9 +71,9 @@ def _floor_pass(rewards, mask, out):
 
 
 def memory_floor(rewards: torch.Tensor, mask: torch.Tensor) -> np.ndarray:
-    """Read rewards and mask once, write a fresh output of the rewards' shape and dtype (np.empty, as the estimator's
-    CPU output: numpy lets the kernel back large arrays with huge pages)."""
-    out = np.empty(tuple(rewards.shape), np.float32)
+    """Read rewards and mask once, write a fresh output of the rewards' shape and dtype (np.zeros, as the estimator's
+    CPU output: fresh zero pages that numpy lets the kernel back with huge pages; every one is written here)."""
+    out = np.zeros(tuple(rewards.shape), np.float32)
     _floor_pass(rewards.numpy(), mask.view(torch.uint8).numpy(), out)
     return out
 

@@ -407,6 +407,72 @@ def test_masks_from_token_rewards_takes_the_kernel(token_passes, monkeypatch):
     assert calls == [1]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("length", [1, 13, 63, 64, 200])
+def test_boundaries_from_token_rewards_match_the_masks(dtype, length):
+    """The one-pass positions of stock verl's call equal find_boundaries on masks_from_token_rewards (holes in the
+    mask, NaN, -0.0, rewards off the mask and after its last token, rows without tokens, L not a multiple of 8), and
+    the rewards off the mask are counted with the first one's flat index."""
+    from igpo.core.advantage import boundaries_from_token_rewards
+    from igpo.core.token_passes import find_boundaries
+
+    gen = torch.Generator().manual_seed(100 + length)
+    B = 7
+    r = torch.randn(B, length, generator=gen, dtype=dtype) * (torch.rand(B, length, generator=gen) < 0.3)
+    m = torch.rand(B, length, generator=gen) < 0.7
+    m[0] = False
+    m[1, length // 2:] = False
+    r[2, 0] = -0.0
+    r[3, length - 1] = float("nan")
+    r[4] = 0.0
+    r[4, length - 1] = 0.5
+    m[4, length - 1] = False  # only off the mask
+    F, I = masks_from_token_rewards(r, m)
+    expected = find_boundaries(r, F, I, m, None)
+    bounds, outside, first = boundaries_from_token_rewards(r, m)
+    assert torch.equal(bounds.flat.cpu(), expected.flat.cpu()) and torch.equal(bounds.K.cpu(), expected.K.cpu())
+    assert np.array_equal(bounds.r, expected.r, equal_nan=True)
+    for name in ("is_f", "is_i", "in_mask"):
+        assert np.array_equal(getattr(bounds, name), getattr(expected, name)), name
+    assert bounds.pen is None
+    off = ((r != 0) & ~m).view(-1)
+    assert outside == int(off.sum()) > 0
+    assert first == int(off.nonzero()[0])
+    clean = torch.where(m, r, torch.zeros_like(r))
+    assert boundaries_from_token_rewards(clean, m)[1:] == (0, -1)
+
+
+def test_boundaries_from_token_rewards_past_the_first_guess():
+    """Every token a reward: the one-pass kernel's output arrays grow past their initial capacity."""
+    B, L = 2, 2048
+    rewards = torch.randn(B, L, generator=torch.Generator().manual_seed(29))
+    m = torch.ones(B, L, dtype=torch.bool)
+    from igpo.core.advantage import boundaries_from_token_rewards
+
+    bounds, outside, _ = boundaries_from_token_rewards(rewards, m)
+    assert outside == 0 and bounds.K.tolist() == [L, L] and int(bounds.is_f.sum()) == B
+    assert np.array_equal(bounds.r, rewards.double().view(-1).numpy())
+
+
+def test_stock_estimator_takes_the_one_pass_kernel(token_passes, monkeypatch):
+    """Stock verl's estimator call finds the reward positions in one kernel pass on CPU float32 and builds no masks
+    (the masks and their search cost ~3x more), and writes the advantages in the spread kernel."""
+    if token_passes != "kernels":
+        pytest.skip("checks the kernel dispatch")
+    from omegaconf import OmegaConf
+
+    import igpo.estimator
+
+    calls = []
+    for name in ("_token_reward_kernel", "_reward_masks_kernel", "_find_kernel", "_spread_kernel"):
+        kernel = getattr(igpo.core.token_passes, name)
+        monkeypatch.setattr(igpo.core.token_passes, name,
+                            lambda *args, _k=kernel, _n=name: calls.append(_n) or _k(*args))
+    rewards, _, _, m, group, _ = random_batch(2, 2, 64, 4, seed=30, ig_zero_frac=0.0)
+    igpo.estimator.igpo_advantage(rewards, m.long(), index=group.tolist(), config=OmegaConf.create({"igpo": {}}))
+    assert calls == ["_token_reward_kernel", "_spread_kernel"]
+
+
 def test_positions_built_for_another_layout_are_refused():
     from igpo.core.advantage import advantage_at_boundaries
     from igpo.core.token_passes import Boundaries

@@ -81,3 +81,18 @@ def test_reference_convention_equals_explicit_masks_without_zero_ig():
     a2, _ = estimator.igpo_advantage(rewards, m.long(), index=group.numpy().astype(object), config=_algorithm())
     a3, _, _ = compute_igpo_advantage(rewards, F, I, m, group, AdvantageConfig(gamma=0.8))
     assert torch.allclose(a2, a3) and not torch.allclose(a1, a3)
+
+
+def test_masks_with_holes_match_the_reference():
+    """Observation tokens masked out inside the response (stock verl's multi-turn layout): the one-pass positions and
+    the spread agree with the reference loop on the masks of the reference convention, zeros off the mask."""
+    rewards, _, _, m, group, _ = random_batch(3, 4, 300, 12, seed=4, ig_zero_frac=0.0)
+    gen = torch.Generator().manual_seed(5)
+    holes = (torch.rand(m.shape, generator=gen) < 0.3) & (rewards == 0)
+    m = m & ~holes
+    F, I = masks_from_token_rewards(rewards, m)
+    assert bool(I.any()) and int(F.sum()) == m.shape[0]
+    out, _ = estimator.igpo_advantage(rewards, m.long(), index=group.tolist(), config=_algorithm())
+    ref = reference_advantage(rewards, F, I, m, group, norm_mode="scaled_separate", gamma=0.8)
+    assert (out.double() - ref).abs().max() <= 1e-5
+    assert not out[~m].any()

@@ -5,10 +5,12 @@ token, so they set the estimator's cost at long horizons (B = 256, L = 32768 is 
 
     token_reward_masks: outcome / IG masks from token rewards by the reference convention (stock verl's call, which
                       has no masks to give): outcome at the last response token, IG at the other non-zero ones.
+    token_reward_boundaries: the same positions as ``find_boundaries`` would return for those masks, straight from
+                      the rewards in one pass (no masks built), with the non-zero rewards outside the response mask.
     find_boundaries:  the positions of outcome_mask | ig_mask | (penalty != 0), row-major, with what lies there
                       (reward, kind, response mask, penalty) and K_i, the number of them in row i.
     spread:           out[i, t] = A_(i,s) · response_mask[i, t], s = the first boundary of row i at or after t (0 after
-                      the last one); also the response tokens of every segment.
+                      the last one, left as the zeros ``out`` starts with); also the response tokens of every segment.
 
 Two implementations with identical results. CPU tensors of float32/float64 (the normal case: verl computes advantages
 on the driver) go through numba kernels that stream each row once, testing 64 tokens at a time for anything set.
@@ -113,6 +115,31 @@ def token_reward_masks(rewards: Tensor, response_mask: Tensor) -> tuple[Tensor, 
     return torch.from_numpy(outcome), torch.from_numpy(ig)
 
 
+def token_reward_boundaries(rewards: Tensor, response_mask: Tensor) -> tuple[Boundaries, int, int]:
+    """The reward positions of ``token_reward_masks`` (outcome at each row's last response token, IG at the other
+    response tokens whose reward is != 0), as ``find_boundaries`` returns them for those masks, and the non-zero
+    rewards outside ``response_mask``: (boundaries, how many, flat index i·L + t of the first or -1). Inputs are
+    contiguous [B, L], response_mask bool.
+
+    On the kernels' path one pass over the rewards finds all three, reading the mask only at non-zero rewards and
+    after the last response token: no [B, L] mask is built, and no second pass looks for rewards outside the mask.
+    """
+    B, L = rewards.shape
+    if rewards.dtype not in _KERNEL_DTYPES or not _use_kernels(rewards, response_mask):
+        outcome, ig = token_reward_masks(rewards, response_mask)
+        outside = ((rewards != 0) & ~response_mask).view(-1)
+        count = int(outside.sum())
+        first = int(torch.argmax(outside.to(torch.uint8))) if count else -1
+        return find_boundaries(rewards, outcome, ig, response_mask, None), count, first
+    nonzero_bits = _NONZERO_BITS[rewards.dtype]
+    flat, K, r, kind, outside = _token_reward_kernel(rewards.numpy().view(nonzero_bits.dtype), nonzero_bits,
+                                                     rewards.numpy(), response_mask.view(torch.uint8).numpy(),
+                                                     _words(response_mask))
+    is_f = (kind & _KIND_F) != 0
+    bounds = Boundaries(torch.from_numpy(flat), torch.from_numpy(K), r, is_f, ~is_f, np.ones(r.shape[0], bool), None)
+    return bounds, int(outside[0]), int(outside[1])
+
+
 def find_boundaries(rewards: Tensor, outcome_mask: Tensor, ig_mask: Tensor, response_mask: Tensor,
                     penalty: Tensor | None) -> Boundaries:
     """The tokens where outcome_mask, ig_mask or penalty != 0 is set (a NaN penalty counts as set, so that the
@@ -150,7 +177,9 @@ def find_boundaries(rewards: Tensor, outcome_mask: Tensor, ig_mask: Tensor, resp
 def spread(A: np.ndarray, bounds: Boundaries, response_mask: Tensor, out: Tensor) -> np.ndarray:
     """Fill ``out`` [B, L] from the boundary advantages A [nnz] (float64, in the order of ``bounds``): the tokens up
     to and including boundary k of row i get A of that boundary, the tail after the last boundary 0, tokens outside
-    ``response_mask`` 0. Returns the response tokens of each boundary's segment [nnz] (float64, exact integers)."""
+    ``response_mask`` 0. ``out`` must hold zeros: the kernel does not write the tails (on a fresh zeroed allocation
+    that saves writing the padding, about half of a long-horizon batch). Returns the response tokens of each
+    boundary's segment [nnz] (float64, exact integers)."""
     B, L = response_mask.shape
     nnz = A.shape[0]
     flat, K = bounds.flat, bounds.K
@@ -287,6 +316,80 @@ def _reward_masks_kernel(bits, nonzero_bits, mask, outcome, ig):
 
 
 @numba.njit(cache=True, nogil=True)
+def _token_reward_kernel(bits, nonzero_bits, rewards, mask, words):
+    """Per row: the last response token from a forward pass over the mask's 8-token words (branch-free, and it leaves
+    the row's mask in cache for the lookups below), then the rewards' value bits OR-reduced per 64-token chunk (a
+    streaming loop that LLVM vectorizes). In a chunk with a non-zero reward, two more vectorized reductions give the
+    first and last non-zero token, and only the tokens between them are resolved one by one (usually one token).
+    In-mask rewards before the last response token are IG boundaries, the outcome follows them; non-zero rewards off
+    the mask are counted. Returns (flat, K, r, kind, [count, first flat index or -1]).
+
+    Measured at B=256, L=32768 against the alternatives: a backward scan for the last token that reads only the
+    padding is cheaper by itself, but then every mask lookup at a reward misses the cache (+0.7 ms); resolving the
+    whole chunk token by token costs +0.3 ms; branch-free appends cost more than the branches they save."""
+    B, L = mask.shape
+    C = 64
+    cap = max(1024, 16 * B)
+    flat = np.empty(cap, np.int64)
+    r = np.empty(cap, np.float64)
+    kind = np.empty(cap, np.uint8)
+    K = np.zeros(B, np.int64)
+    outside, first_outside = 0, -1
+    n = 0
+    for b in range(B):
+        m, bv, rv, mw = mask[b], bits[b], rewards[b], words[b]
+        last_word = -1
+        for w in range(mw.shape[0]):
+            last_word = w if mw[w] != 0 else last_word
+        last = -1
+        if last_word >= 0:
+            last = min(8 * last_word + 7, L - 1)
+            while m[last] == 0:
+                last -= 1
+        row_start, base = n, b * L
+        for c in range(0, L, C):
+            chunk = bv[c:c + C]
+            x = nonzero_bits & 0
+            for j in range(chunk.shape[0]):
+                x |= chunk[j]
+            if x & nonzero_bits == 0:
+                continue
+            lo, hi = C, 0
+            for j in range(chunk.shape[0]):
+                set_ = (chunk[j] & nonzero_bits) != 0
+                lo = min(lo, j if set_ else C)
+                hi = max(hi, (j + 1) * set_)
+            if n + (hi - lo) > cap:
+                flat, r, kind, cap = _grown(flat, r, kind, n)
+            mc, rc = m[c:c + C], rv[c:c + C]
+            for j in range(lo, hi):
+                if chunk[j] & nonzero_bits == 0 or c + j == last:
+                    continue
+                if mc[j] == 0:
+                    first_outside = base + c + j if outside == 0 else first_outside
+                    outside += 1
+                    continue
+                flat[n], r[n], kind[n] = base + c + j, rc[j], _KIND_I | _KIND_IN_MASK
+                n += 1
+        if last >= 0:
+            if n == cap:
+                flat, r, kind, cap = _grown(flat, r, kind, n)
+            flat[n], r[n], kind[n] = base + last, rv[last], _KIND_F | _KIND_IN_MASK
+            n += 1
+        K[b] = n - row_start
+    return flat[:n], K, r[:n], kind[:n], np.array([outside, first_outside], np.int64)
+
+
+@numba.njit(cache=True, nogil=True)
+def _grown(flat, r, kind, n):
+    """The three output arrays of _token_reward_kernel at twice their capacity, the first n entries kept."""
+    cap = 2 * flat.shape[0]
+    flat2, r2, kind2 = np.empty(cap, np.int64), np.empty(cap, np.float64), np.empty(cap, np.uint8)
+    flat2[:n], r2[:n], kind2[:n] = flat[:n], r[:n], kind[:n]
+    return flat2, r2, kind2, cap
+
+
+@numba.njit(cache=True, nogil=True)
 def _gather_kernel(flat, rewards, outcome_mask, ig_mask, mask, values, has_penalty):
     """What lies at each boundary: reward, kind bits, penalty (inputs flattened to [B·L])."""
     n = flat.shape[0]
@@ -304,8 +407,9 @@ def _gather_kernel(flat, rewards, outcome_mask, ig_mask, mask, values, has_penal
 
 @numba.njit(cache=True, nogil=True)
 def _spread_kernel(A, flat, K, first, mask, out, tokens):
-    """Row by row, segment by segment, then the tail (zeros). Loops run over slice views: indexing a 2-D array from a
-    computed start defeats LLVM's vectorizer (numba's negative-index wraparound), a view's 0-based index does not."""
+    """Row by row, segment by segment, one loop that writes and counts; the tail after the last boundary is left as
+    it is (zeros). Loops run over slice views: indexing a 2-D array from a computed start defeats LLVM's vectorizer
+    (numba's negative-index wraparound), a view's 0-based index does not."""
     B, L = mask.shape
     for b in range(B):
         start = 0
@@ -315,15 +419,7 @@ def _spread_kernel(A, flat, K, first, mask, out, tokens):
             o = out[b, start:end]
             count = 0
             for t in range(m.shape[0]):
+                o[t] = a if m[t] else 0.0
                 count += m[t]
             tokens[p] = count
-            if count == end - start:
-                for t in range(o.shape[0]):
-                    o[t] = a
-            else:
-                for t in range(o.shape[0]):
-                    o[t] = a * m[t]
             start = end
-        tail = out[b, start:]
-        for t in range(tail.shape[0]):
-            tail[t] = 0.0
