@@ -243,3 +243,42 @@ def test_flex_tile_lists_cover_every_allowed_score_and_full_tiles_are_full(n_tra
     assert (tiles(dense, torch.all) >= full).all()
     assert not (full & partial).any()
     assert partial.sum() < partial.numel()  # the lists are actually sparse, not "everything partial"
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-6), (torch.bfloat16, 2e-2)])
+def test_causal_split_equals_one_masked_call(dtype, tol):
+    """A later trajectory block's attention as two mask-free flash calls merged by log-sum-exp equals one SDPA call
+    with the causal float mask (GQA: 4 query heads over 2 K/V heads)."""
+    from igpo.core.scoring import _causal_split
+
+    g = torch.Generator().manual_seed(11)
+    prefix, n_q = 70, 33
+    q = torch.randn(1, 4, n_q, 16, generator=g).to(dtype)
+    k, v = (torch.randn(1, 2, prefix + n_q, 16, generator=g).to(dtype) for _ in range(2))
+    cols = torch.arange(prefix + n_q)
+    mask = torch.zeros(n_q, prefix + n_q, dtype=dtype)
+    mask.masked_fill_(cols[None, :] > prefix + torch.arange(n_q)[:, None], float("-inf"))
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.25, enable_gqa=True)
+    out = _causal_split(q, k, v, prefix, 0.25)
+    assert out.dtype == dtype and out.shape == expected.shape
+    assert (out.float() - expected.float()).abs().max().item() <= tol
+
+
+def test_cpu_trajectory_blocks_build_no_mask(monkeypatch):
+    """On the CPU only probe groups and the last layer's boundary rows build a float mask; trajectory blocks after
+    the first go through the mask-free split (a block's mask was the packed pass's largest buffer at 32K tokens)."""
+    from igpo.core import scoring
+
+    masks, splits = [], []
+    build, split = scoring._Attention._additive_mask, scoring._causal_split
+    monkeypatch.setattr(scoring._Attention, "_additive_mask",
+                        lambda self, q_bound, n_traj, q_seg: masks.append((q_bound.tolist(), q_seg is None))
+                        or build(self, q_bound, n_traj, q_seg))
+    monkeypatch.setattr(scoring, "_causal_split", lambda *args: splits.append(args[3]) or split(*args))
+    model = tiny_model()
+    trajectory, boundaries, probes = random_case(12, 100, 6, 2)
+    packed, reference = both(model, trajectory, boundaries, probes, chunk_tokens=16)
+    assert (packed - reference).abs().max().item() <= TOL
+    length = max(boundaries)
+    assert sorted(set(splits)) == list(range(16, length, 16))
+    assert masks and all(set(bound) <= set(boundaries) for bound, trajectory_rows in masks if trajectory_rows)

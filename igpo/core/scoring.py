@@ -29,7 +29,10 @@ causally to itself. It is run layer by layer, so only one layer's keys/values ar
 Attention per block/group: FlexAttention (CUDA, compiled) with tile lists built from the index tensors at 128 x 128
 granularity (masked tiles are skipped), or SDPA with an additive float mask of (queries x keys), built at each use,
 whose size is capped by ``mask_budget_mb`` (CPU; its flash kernel reads a float mask in place, a boolean one would be
-converted to a float copy). The first trajectory block uses SDPA's causal kernel and needs no mask.
+converted to a float copy). Trajectory blocks need no mask: the first uses SDPA's causal kernel, and on the CPU each
+later one is two flash calls (the keys before the block, all visible; the block's own keys, causal) merged through
+their log-sum-exps, so only probe groups and the last layer's boundary rows build masks (small: a group is a few
+copies, the rows are one per boundary).
 
 Cost model. L = max_k b_k (the trajectory after the last boundary is never read), A_p = ge_p - 1 (fed probe tokens),
 S = sum_k b_k (~ K·L/2 for linear growth), T = max_probe_tokens, d = hidden size, n_kv·d_h = K/V width,
@@ -41,7 +44,8 @@ d_ff = MLP width, V = vocabulary:
     vocabulary projection rows    both: K·sum_p |G_p| (per_turn via ``logits_to_keep``)
     packed peak memory            L·d (trajectory hidden) + K·sum_p A_p·d (probe hidden)
                                   + 2·(L + T)·n_kv·d_h (ONE layer's K/V) + R·(d_ff + 4d) per block
-                                  + mask <= mask_budget_mb (SDPA only) + logits <= logits_budget_mb
+                                  + masks of probe groups and boundary rows <= mask_budget_mb (SDPA only; also the
+                                  trajectory blocks' off the CPU) + logits <= logits_budget_mb
 
 Example (L = 200K, K = 100, P = 1, A = 30): per_turn ~10M tokens, packed ~203K tokens; the K/V of one layer
 instead of all layers (Qwen3-4B: ~0.8 GB instead of ~29 GB at 200K tokens, bf16).
@@ -77,11 +81,12 @@ class ScoringConfig:
 
     strategy: "packed" (one shared-prefix pass per trajectory; default) or "per_turn" (one HF forward per boundary
         and probe; the reference, ~K·L/2 tokens per trajectory).
-    chunk_tokens: trajectory query block R of the packed prefill. Larger blocks use the matmul units better; the
-        SDPA path shrinks the block further so that its mask fits ``mask_budget_mb``.
+    chunk_tokens: trajectory query block R of the packed prefill. Larger blocks use the matmul units better; off
+        the CPU the SDPA path shrinks the block further so that its mask fits ``mask_budget_mb`` (on the CPU
+        trajectory blocks need no mask).
     max_probe_tokens: probe query tokens per packed micro-batch (whole copies; a copy longer than this runs alone).
         Bounds the probe attention workspace; peak memory does not grow with K beyond K·A hidden vectors.
-    mask_budget_mb: cap on the additive float mask (queries x keys) of the SDPA path. Unused by FlexAttention.
+    mask_budget_mb: cap on each additive float mask (queries x keys) of the SDPA path. Unused by FlexAttention.
     logits_budget_mb: cap on the float32 logits materialised at once (rows x vocabulary).
     temperature: τ, logits are divided by it before log_softmax; use the rollout temperature (1.0 in the paper).
     attention: "auto" (FlexAttention on CUDA, SDPA elsewhere), "sdpa", or "flex" (on CPU it runs unfused: tests only).
@@ -448,17 +453,27 @@ class _Attention:
             raise ValueError("ScoringConfig.attention='flex' but torch.nn.attention.flex_attention is unavailable "
                              f"in torch {torch.__version__}; use attention='sdpa'.")
         self.backend, self.device, self.dtype = backend, device, dtype
+        # CPU SDPA's flash kernel, called directly, also returns each query's log-sum-exp: two calls can then be merged
+        # exactly, so a causal block needs no mask (``_causal_split``).
+        self.split_causal = (backend == "sdpa" and device.type == "cpu"
+                             and hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu"))
 
     def plan(self, q_bound: torch.Tensor, n_traj: int, q_seg: torch.Tensor | None = None, causal: bool = False):
         """What a block needs, prepared once and reused by every layer.
 
         FlexAttention: the block mask (a few integers per 128 x 128 tile). SDPA: the index tensors only; the additive
         mask is built at each use and freed after it, since keeping every block's mask would cost ~L^2/2 floats.
-        ``causal=True`` declares a square block starting at position 0 (q_bound = 1..n): SDPA then uses its
-        ``is_causal`` kernel, which skips the masked half instead of computing it (plan ``None``).
+        ``causal=True`` declares a trajectory block: the queries are the last n_q of the n_traj keys' positions and
+        each sees the keys up to its own (q_bound = n_traj - n_q + 1 .. n_traj). For SDPA a square block (starting at
+        position 0) uses the ``is_causal`` kernel, which skips the masked half (plan ``None``); a later block, on
+        CPU, needs no mask either (``_CausalSplit``).
         """
         if self.backend == "sdpa":
-            return None if causal else (q_bound, n_traj, q_seg)
+            if causal and q_bound.numel() == n_traj:
+                return None
+            if causal and self.split_causal:
+                return _CausalSplit(n_traj - q_bound.numel())
+            return (q_bound, n_traj, q_seg)
         from torch.nn.attention.flex_attention import BlockMask
 
         # torch.compile guards on what mask_mod captures: a Python int is a constant (each new block or group length
@@ -497,9 +512,33 @@ class _Attention:
             # Queries arrive as transposed projections or slices of the packed probe buffer; one layout for all calls
             # keeps the compiled kernel's stride guards from compiling a new graph per layout.
             return _flex_attention(q.device)(q.contiguous(), k, v, block_mask=plan, scale=scale, enable_gqa=True)
+        if isinstance(plan, _CausalSplit):
+            return _causal_split(q, k, v, plan.prefix, scale)
         mask = None if plan is None else self._additive_mask(*plan)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=plan is None, scale=scale,
                                               enable_gqa=True)
+
+
+@dataclass(frozen=True)
+class _CausalSplit:
+    """SDPA plan of a trajectory block whose queries sit at positions prefix .. prefix + n_q - 1."""
+
+    prefix: int
+
+
+def _causal_split(q, k, v, prefix: int, scale: float) -> torch.Tensor:
+    """Causal attention of queries at positions prefix + i over keys [0, prefix + n_q), without a mask: the keys
+    before the block (all visible, no mask) and the block's own keys (square, causal kernel) in two flash calls,
+    merged by their log-sum-exps: out = Σ_c exp(lse_c − lse)·out_c with lse = log Σ_c exp(lse_c). Exact up to
+    rounding; a float mask of the same block would take n_q·(prefix + n_q) elements (256 MB at 2K x 32K, fp32)."""
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    end = prefix + q.shape[2]
+    before, lse_before = flash(q, k[:, :, :prefix], v[:, :, :prefix], 0.0, False, scale=scale)
+    own, lse_own = flash(q, k[:, :, prefix:end], v[:, :, prefix:end], 0.0, True, scale=scale)
+    lse = torch.logaddexp(lse_before, lse_own)
+    merged = before.float() * (lse_before - lse).exp_()[..., None]
+    merged += own.float() * (lse_own - lse).exp_()[..., None]
+    return merged.to(q.dtype)
 
 
 _FLEX_BLOCK = 128
@@ -606,7 +645,7 @@ def _score_packed(parts: _DecoderParts, trajectory_ids, boundaries, probes, cfg:
     groups = _attention_groups(copy_b.tolist(), copy_len.tolist(), cfg.max_probe_tokens,
                                cfg.mask_budget_mb * 2**20 // elem if sdpa else None)
     rows = cfg.chunk_tokens
-    if sdpa:
+    if sdpa and not attention.split_causal:  # trajectory blocks with a mask: the mask must fit its budget
         rows = max(1, min(rows, cfg.mask_budget_mb * 2**20 // (elem * length)))
     blocks = [(s, min(s + rows, length)) for s in range(0, length, rows)]
 
@@ -614,7 +653,7 @@ def _score_packed(parts: _DecoderParts, trajectory_ids, boundaries, probes, cfg:
     token_pos, token_bound = token_pos.to(device), token_bound.to(device)
     copy_of_token = copy_of_token.to(device)
     # Plans depend only on structure, so they are built once and reused by every layer.
-    traj_plans = [attention.plan(positions[s:e] + 1, e, causal=s == 0) for s, e in blocks]
+    traj_plans = [attention.plan(positions[s:e] + 1, e, causal=True) for s, e in blocks]
     # Last layer: only the rows x[b_k - 1] of the trajectory are read out, so only they need queries, attention and
     # MLP there (every row still contributes keys/values).
     context_rows, boundary_row = torch.unique(bounds.to(device) - 1, return_inverse=True)
