@@ -246,39 +246,51 @@ def test_flex_tile_lists_cover_every_allowed_score_and_full_tiles_are_full(n_tra
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-6), (torch.bfloat16, 2e-2)])
-def test_causal_split_equals_one_masked_call(dtype, tol):
-    """A later trajectory block's attention as two mask-free flash calls merged by log-sum-exp equals one SDPA call
-    with the causal float mask (GQA: 4 query heads over 2 K/V heads)."""
-    from igpo.core.scoring import _causal_split
+def test_split_attention_equals_one_masked_call(dtype, tol):
+    """Attention as two flash calls merged by log-sum-exp (keys every query sees, without a mask; then the rest:
+    causal, or under a mask over the later keys only) equals one SDPA call with the full float mask (GQA: 4 query
+    heads over 2 K/V heads)."""
+    from igpo.core.scoring import _split_attention
 
     g = torch.Generator().manual_seed(11)
-    prefix, n_q = 70, 33
+    prefix, n_q, n_keys = 70, 33, 140
     q = torch.randn(1, 4, n_q, 16, generator=g).to(dtype)
-    k, v = (torch.randn(1, 2, prefix + n_q, 16, generator=g).to(dtype) for _ in range(2))
-    cols = torch.arange(prefix + n_q)
-    mask = torch.zeros(n_q, prefix + n_q, dtype=dtype)
-    mask.masked_fill_(cols[None, :] > prefix + torch.arange(n_q)[:, None], float("-inf"))
-    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.25, enable_gqa=True)
-    out = _causal_split(q, k, v, prefix, 0.25)
-    assert out.dtype == dtype and out.shape == expected.shape
-    assert (out.float() - expected.float()).abs().max().item() <= tol
+    k, v = (torch.randn(1, 2, n_keys, 16, generator=g).to(dtype) for _ in range(2))
+    cols = torch.arange(n_keys)
+    causal = torch.zeros(n_q, prefix + n_q, dtype=dtype)
+    causal.masked_fill_(cols[None, :prefix + n_q] > prefix + torch.arange(n_q)[:, None], float("-inf"))
+    # Arbitrary visibility past the prefix: query i sees the later keys up to prefix + i % 50 (at least one).
+    mask = torch.zeros(n_q, n_keys, dtype=dtype)
+    mask.masked_fill_(cols[None, :] > prefix + torch.arange(n_q)[:, None] % 50, float("-inf"))
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    for rest, full, keys in ((None, causal, prefix + n_q), (mask[:, prefix:], mask, n_keys)):
+        expected = sdpa(q, k[:, :, :keys], v[:, :, :keys], attn_mask=full, scale=0.25, enable_gqa=True)
+        out = _split_attention(q, k[:, :, :keys], v[:, :, :keys], prefix, rest, 0.25)
+        assert out.dtype == dtype and out.shape == expected.shape
+        assert (out.float() - expected.float()).abs().max().item() <= tol
 
 
-def test_cpu_trajectory_blocks_build_no_mask(monkeypatch):
-    """On the CPU only probe groups and the last layer's boundary rows build a float mask; trajectory blocks after
-    the first go through the mask-free split (a block's mask was the packed pass's largest buffer at 32K tokens)."""
+def test_cpu_masks_cover_only_what_differs_between_queries(monkeypatch):
+    """On the CPU trajectory blocks after the first build no float mask, a probe group's mask starts at its shortest
+    context (keys before it go through the mask-free call), only the last layer's boundary rows take a full-width
+    one. The mask of a 2K-row block was the packed pass's largest buffer at 32K tokens."""
     from igpo.core import scoring
 
     masks, splits = [], []
-    build, split = scoring._Attention._additive_mask, scoring._causal_split
+    build, split = scoring._Attention._additive_mask, scoring._split_attention
     monkeypatch.setattr(scoring._Attention, "_additive_mask",
                         lambda self, q_bound, n_traj, q_seg: masks.append((q_bound.tolist(), q_seg is None))
                         or build(self, q_bound, n_traj, q_seg))
-    monkeypatch.setattr(scoring, "_causal_split", lambda *args: splits.append(args[3]) or split(*args))
+    monkeypatch.setattr(scoring, "_split_attention",
+                        lambda q, k, v, prefix, rest, scale: splits.append((prefix, rest is None))
+                        or split(q, k, v, prefix, rest, scale))
     model = tiny_model()
     trajectory, boundaries, probes = random_case(12, 100, 6, 2)
     packed, reference = both(model, trajectory, boundaries, probes, chunk_tokens=16)
     assert (packed - reference).abs().max().item() <= TOL
     length = max(boundaries)
-    assert sorted(set(splits)) == list(range(16, length, 16))
-    assert masks and all(set(bound) <= set(boundaries) for bound, trajectory_rows in masks if trajectory_rows)
+    assert sorted({prefix for prefix, causal in splits if causal}) == list(range(16, length, 16))
+    assert any(not causal for _, causal in splits)
+    rows = [bound for bound, trajectory_rows in masks if trajectory_rows]
+    assert rows and all(set(bound) <= set(boundaries) for bound in rows)
+    assert all(min(bound) == 0 for bound, trajectory_rows in masks if not trajectory_rows)

@@ -454,7 +454,7 @@ class _Attention:
                              f"in torch {torch.__version__}; use attention='sdpa'.")
         self.backend, self.device, self.dtype = backend, device, dtype
         # CPU SDPA's flash kernel, called directly, also returns each query's log-sum-exp: two calls can then be merged
-        # exactly, so a causal block needs no mask (``_causal_split``).
+        # exactly, so a causal block needs no mask and a probe group a narrow one (``_Split``).
         self.split_causal = (backend == "sdpa" and device.type == "cpu"
                              and hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu"))
 
@@ -465,14 +465,18 @@ class _Attention:
         mask is built at each use and freed after it, since keeping every block's mask would cost ~L^2/2 floats.
         ``causal=True`` declares a trajectory block: the queries are the last n_q of the n_traj keys' positions and
         each sees the keys up to its own (q_bound = n_traj - n_q + 1 .. n_traj). For SDPA a square block (starting at
-        position 0) uses the ``is_causal`` kernel, which skips the masked half (plan ``None``); a later block, on
-        CPU, needs no mask either (``_CausalSplit``).
+        position 0) uses the ``is_causal`` kernel, which skips the masked half (plan ``None``); on the CPU a later
+        block needs no mask either, and a probe group's mask covers only the keys from its shortest context on
+        (``_Split``).
         """
         if self.backend == "sdpa":
             if causal and q_bound.numel() == n_traj:
                 return None
             if causal and self.split_causal:
-                return _CausalSplit(n_traj - q_bound.numel())
+                return _Split(n_traj - q_bound.numel(), None)
+            prefix = int(q_bound.min()) if q_seg is not None and self.split_causal else 0
+            if prefix > 0:
+                return _Split(prefix, (q_bound - prefix, n_traj - prefix, q_seg))
             return (q_bound, n_traj, q_seg)
         from torch.nn.attention.flex_attention import BlockMask
 
@@ -512,29 +516,36 @@ class _Attention:
             # Queries arrive as transposed projections or slices of the packed probe buffer; one layout for all calls
             # keeps the compiled kernel's stride guards from compiling a new graph per layout.
             return _flex_attention(q.device)(q.contiguous(), k, v, block_mask=plan, scale=scale, enable_gqa=True)
-        if isinstance(plan, _CausalSplit):
-            return _causal_split(q, k, v, plan.prefix, scale)
+        if isinstance(plan, _Split):
+            rest = None if plan.rest is None else self._additive_mask(*plan.rest)
+            return _split_attention(q, k, v, plan.prefix, rest, scale)
         mask = None if plan is None else self._additive_mask(*plan)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=plan is None, scale=scale,
                                               enable_gqa=True)
 
 
 @dataclass(frozen=True)
-class _CausalSplit:
-    """SDPA plan of a trajectory block whose queries sit at positions prefix .. prefix + n_q - 1."""
+class _Split:
+    """SDPA plan (CPU) of a block whose queries all see the keys [0, prefix): those in one call without a mask, the
+    rest in a second call: ``rest`` None for a trajectory block (its own keys, causal), else the plan of the mask
+    over the keys from ``prefix`` on (q_bound, n_traj and q_seg shifted by ``prefix``)."""
 
     prefix: int
+    rest: tuple[torch.Tensor, int, torch.Tensor | None] | None
 
 
-def _causal_split(q, k, v, prefix: int, scale: float) -> torch.Tensor:
-    """Causal attention of queries at positions prefix + i over keys [0, prefix + n_q), without a mask: the keys
-    before the block (all visible, no mask) and the block's own keys (square, causal kernel) in two flash calls,
-    merged by their log-sum-exps: out = Σ_c exp(lse_c − lse)·out_c with lse = log Σ_c exp(lse_c). Exact up to
-    rounding; a float mask of the same block would take n_q·(prefix + n_q) elements (256 MB at 2K x 32K, fp32)."""
+def _split_attention(q, k, v, prefix: int, rest_mask: torch.Tensor | None, scale: float) -> torch.Tensor:
+    """Attention over keys [0, prefix) that every query sees, plus the later keys (``rest_mask`` over them, or for
+    ``None`` the n_q keys after the prefix, causal), in two flash calls merged by their log-sum-exps:
+    out = Σ_c exp(lse_c − lse)·out_c with lse = log Σ_c exp(lse_c); exact up to rounding. One masked call would take a
+    float mask over all keys: n_q·(prefix + n_q) elements (256 MB for a 2K-token block at 32K, fp32)."""
     flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-    end = prefix + q.shape[2]
     before, lse_before = flash(q, k[:, :, :prefix], v[:, :, :prefix], 0.0, False, scale=scale)
-    own, lse_own = flash(q, k[:, :, prefix:end], v[:, :, prefix:end], 0.0, True, scale=scale)
+    if rest_mask is None:
+        end = prefix + q.shape[2]
+        own, lse_own = flash(q, k[:, :, prefix:end], v[:, :, prefix:end], 0.0, True, scale=scale)
+    else:
+        own, lse_own = flash(q, k[:, :, prefix:], v[:, :, prefix:], 0.0, False, attn_mask=rest_mask, scale=scale)
     lse = torch.logaddexp(lse_before, lse_own)
     merged = before.float() * (lse_before - lse).exp_()[..., None]
     merged += own.float() * (lse_own - lse).exp_()[..., None]
