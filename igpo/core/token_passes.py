@@ -121,8 +121,8 @@ def token_reward_boundaries(rewards: Tensor, response_mask: Tensor) -> tuple[Bou
     rewards outside ``response_mask``: (boundaries, how many, flat index i·L + t of the first or -1). Inputs are
     contiguous [B, L], response_mask bool.
 
-    On the kernels' path one pass over the rewards finds all three, reading the mask only at non-zero rewards and
-    after the last response token: no [B, L] mask is built, and no second pass looks for rewards outside the mask.
+    On the kernels' path one pass per row finds all three, reading the mask and the rewards once each: no [B, L] mask
+    is built, and no second pass looks for rewards outside the mask.
     """
     B, L = rewards.shape
     if rewards.dtype not in _KERNEL_DTYPES or not _use_kernels(rewards, response_mask):
