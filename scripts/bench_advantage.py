@@ -24,7 +24,7 @@ a Ray actor with one CPU):
 
 Reported: speedup_vs_loop = loop / verl; fraction_of_memory_floor = floor / verl (1.0 = the estimator runs at the
 speed of one pass over its inputs and output). Target for the verl call: >= 50x vs the loop or >= 0.7 of the floor.
-On this 2-core machine, shared with other jobs, both sit at the line (2026-11-30: 49-51x, 0.69-0.72; figures in the
+On this 2-core machine, shared with other jobs, both sit at the line (2026-11-30: 49-54x, 0.69-0.72; figures in the
 README table). Where the time goes (B=256, L=32768, timings interleaved with the loop, so caches are cold): faulting
 in and writing the fresh 32 MiB output ~4 ms (the floor pays the same), the one pass that finds the reward positions
 in the dense rewards and checks that none lies off the mask ~2.5-3 ms (it has to read all 40 MiB of input, the floor's
