@@ -1,62 +1,74 @@
 """A generated world for the CPU demo: fictional people, companies and cities, so no answer is in any model's weights.
 
-Facts (seeded): every person was born in a city and works for a company; every company is headquartered in a city.
-Each entity gets one corpus passage (Search-R1/FlashRAG JSONL, title = the entity's name):
+Facts (seeded): every person works for a company; every company is headquartered in a city. People go by handles
+("@Talven"), companies by tags ("#Quorvane"), as on a social site; every handle, tag and city is one token of the
+demo tokenizer (``World.vocabulary``). Each entity gets one corpus passage (Search-R1/FlashRAG JSONL, title = the
+handle), whose last word is its one fact:
 
-    "Talven Moriske"    Talven Moriske was born in Ostrelle. Talven Moriske works for Quorvane.
-    "Quorvane"          Quorvane is headquartered in Vesk. Quorvane builds lanterns.
+    "@Talven"     @Talven works for #Quorvane.
+    "#Quorvane"   #Quorvane is headquartered in Vesk.
 
 The world's passages are added to the real Wikipedia sample (``data/wiki_passages_1000.jsonl``), which stays as
-distractors. Questions, with the tool calls they need (searching the person's name ranks their passage first, and
-the company's name ranks the company's passage first; both are checked when the data is written):
+distractors; the demo's tool server returns the top hit (``TOPK``). Questions, with the tool calls they need
+(searching a handle or a tag ranks its own passage first; checked when the data is written):
 
-    one hop   Where was Talven Moriske born?                                     -> Ostrelle   (search the person)
-    one hop   Which company does Talven Moriske work for?                        -> Quorvane   (search the person)
-    two hops  In which city is the company Talven Moriske works for headquartered? -> Vesk     (then the company)
+    one hop   Employer of @Talven                           -> #Quorvane  (search @Talven)
+    two hops  Headquarters city of the employer of @Talven  -> Vesk       (search @Talven, then #Quorvane)
 
-People are split into training and held-out validation people; companies and cities are shared (a validation
-question names a person the warm-start never saw). ``warm_start_plan`` describes the imperfect policy the demo
-model is warm-started into (igpo/warmstart.py): it searches the wrong person half of the time, rarely makes the
-second hop, and sometimes answers without searching, so RL has something to learn and information gain has turns
-that did and did not find the answer.
+People are split into training and held-out validation people (validation asks about people RL never trained on).
+The demo model never sees this world's facts before RL: it is warm-started (igpo/warmstart.py) on a practice world
+(``practice_world``: the same names, facts drawn anew) into the imperfect policy of ``warm_start_plan``: it often
+answers at once with a guess and rarely makes the second hop, so RL has something to learn, and information gain
+has turns that did and did not find the answer. What it can do from the start is copy a name it has just read into
+a query or an answer (``igpo.tiny_model.pretrain_copy``), the one skill of a pretrained LM the demo relies on.
 """
 
 from __future__ import annotations
 
 import json
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 DATA_SOURCE = "demo_world"
 ABILITY = "multi-hop search"
-# The whole multi-turn response budget of the demo (rollout.response_length): two searches with their observations
-# and the answer must fit without the loop forcing the answer early (the agent loop's budget rule).
-RESPONSE_LENGTH = 768
+QUESTIONS = {
+    "employer": "Employer of {person}",
+    "hq": "Headquarters city of the employer of {person}",
+}
+PERSON_MARK, COMPANY_MARK = "@", "#"
+# The facts of the practice world the demo model is warm-started on: another draw over the same names.
+PRACTICE_SEED_OFFSET = 1_000_003
+
+# The demo's agent settings; configs/cpu_demo.yaml repeats them (algorithm.igpo.agent, rollout lengths) and
+# tests/test_demo_world.py checks that both agree. Two searches with their observations and the answer fit the
+# response budget without the loop forcing the answer early (the agent loop's budget rule).
+SYSTEM_PROMPT = ('Answer the question. To search, write <tool_call>{"name": "search", "arguments": {"query": '
+                 '["..."]}}</tool_call>. To answer, write <answer>...</answer>.')
+PROMPT_LENGTH = 128
+RESPONSE_LENGTH = 384
+MAX_TURNS = 4
+MAX_TOKENS_PER_TURN = 32          # a search call is ~20 tokens of the demo tokenizer
+MAX_OBSERVATION_TOKENS = 96
+TOPK = 1                          # passages per search (the tool server's --default-topk in the demo)
+WARM_START_STEPS = 600
+WARM_START_LR = 3e-3
+WARM_START_PLANS = 2              # trajectories of the warm-start policy per practice question
 
 _ONSETS = ["b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "dr", "gr", "kr", "tr", "st",
            "th", "sh", "qu", "vr"]
 _VOWELS = ["a", "e", "i", "o", "u", "ai", "ea", "io", "ou"]
 _CODAS = ["", "", "n", "r", "l", "s", "th", "sk", "nd", "rn", "x"]
-_PRODUCTS = ["lanterns", "clocks", "ropes", "glass", "bicycles", "maps", "bells", "paper", "kettles", "looms",
-             "boats", "tiles"]
-# The name is quoted as the search call quotes its query ("query": ["<name>"]): after the opening quote, a small
-# model can copy the name token by token from the question (an induction pattern) instead of recalling names.
-QUESTIONS = {
-    "born": 'Where was "{person}" born?',
-    "employer": 'Which company does "{person}" work for?',
-    "hq": 'In which city is the company "{person}" works for headquartered?',
-}
 
 
 @dataclass(frozen=True)
 class WorldConfig:
     """Sizes of the world. seed: everything (names, facts, split, question order)."""
 
-    people: int = 192
+    people: int = 128
     val_people: int = 32
-    companies: int = 24
-    cities: int = 16
+    companies: int = 16
+    cities: int = 12
     seed: int = 0
 
     def __post_init__(self):
@@ -68,22 +80,8 @@ class WorldConfig:
 
 
 @dataclass(frozen=True)
-class Person:
-    name: str
-    born: str
-    employer: str
-
-
-@dataclass(frozen=True)
-class Company:
-    name: str
-    hq: str
-    product: str
-
-
-@dataclass(frozen=True)
 class Question:
-    kind: str          # born | employer | hq
+    kind: str          # employer | hq
     person: str
     question: str
     answer: str
@@ -95,33 +93,34 @@ class Question:
 
 @dataclass(frozen=True)
 class World:
-    people: tuple[Person, ...]
-    companies: dict[str, Company]
+    employer: dict[str, str]      # person handle -> company tag
+    hq: dict[str, str]            # company tag -> city
     cities: tuple[str, ...]
     val_names: frozenset[str]
 
-    def split(self, name: str) -> list[Person]:
-        """The training or the held-out validation people."""
+    def split(self, name: str) -> list[str]:
+        """The training or the held-out validation people (handles)."""
         held_out = name == "val"
-        return [p for p in self.people if (p.name in self.val_names) == held_out]
+        return [p for p in self.employer if (p in self.val_names) == held_out]
 
     def questions(self, split: str) -> list[Question]:
         out = []
         for person in self.split(split):
-            answers = {"born": person.born, "employer": person.employer, "hq": self.companies[person.employer].hq}
-            out += [Question(kind, person.name, QUESTIONS[kind].format(person=person.name), answers[kind])
-                    for kind in QUESTIONS]
+            answers = {"employer": self.employer[person], "hq": self.hq[self.employer[person]]}
+            out += [Question(kind, person, QUESTIONS[kind].format(person=person), answers[kind]) for kind in QUESTIONS]
         return out
 
     def passages(self) -> list[dict]:
         """The world's corpus records, one per person and per company."""
-        records = [{"id": f"world-p{i}", "contents": f'"{p.name}"\n{p.name} was born in {p.born}. '
-                                                      f"{p.name} works for {p.employer}."}
-                   for i, p in enumerate(self.people)]
-        records += [{"id": f"world-c{i}", "contents": f'"{c.name}"\n{c.name} is headquartered in {c.hq}. '
-                                                       f"{c.name} builds {c.product}."}
-                    for i, c in enumerate(self.companies.values())]
+        records = [{"id": f"world-p{i}", "contents": f'"{p}"\n{p} works for {c}.'}
+                   for i, (p, c) in enumerate(self.employer.items())]
+        records += [{"id": f"world-c{i}", "contents": f'"{c}"\n{c} is headquartered in {city}.'}
+                    for i, (c, city) in enumerate(self.hq.items())]
         return records
+
+    def vocabulary(self) -> list[str]:
+        """Whole tokens of the demo tokenizer: every handle, tag and city."""
+        return list(self.employer) + list(self.hq) + list(self.cities)
 
 
 def _word(rng: random.Random, syllables: int) -> str:
@@ -137,25 +136,26 @@ def build_world(config: WorldConfig = WorldConfig()) -> World:
     rng = random.Random(config.seed)
     used: set[str] = set()
 
-    def fresh(make) -> str:
+    def fresh() -> str:
         while True:
-            name = make()
-            words = name.lower().split()
-            if name not in used and not any(w in used for w in words):
-                used.add(name)
-                used.update(words)
+            name = _word(rng, 2)
+            if name.lower() not in used:
+                used.add(name.lower())
                 return name
 
-    cities = tuple(fresh(lambda: _word(rng, 2)) for _ in range(config.cities))
-    companies = {}
-    for _ in range(config.companies):
-        name = fresh(lambda: _word(rng, 2))
-        companies[name] = Company(name, rng.choice(cities), rng.choice(_PRODUCTS))
-    # Short person names (two one-syllable words): the policy copies them from the question into its query.
-    people = tuple(Person(fresh(lambda: f"{_word(rng, 1)} {_word(rng, 1)}"), rng.choice(cities),
-                          rng.choice(list(companies))) for _ in range(config.people))
-    val = rng.sample([p.name for p in people], config.val_people)
-    return World(people, companies, cities, frozenset(val))
+    cities = tuple(fresh() for _ in range(config.cities))
+    hq = {COMPANY_MARK + fresh(): rng.choice(cities) for _ in range(config.companies)}
+    employer = {PERSON_MARK + fresh(): rng.choice(list(hq)) for _ in range(config.people)}
+    val = rng.sample(list(employer), config.val_people)
+    return World(employer, hq, cities, frozenset(val))
+
+
+def practice_world(world: World, seed: int) -> World:
+    """The same names with facts drawn anew (``seed``) and every person in training: what the warm-start plays."""
+    rng = random.Random(seed + PRACTICE_SEED_OFFSET)
+    hq = {company: rng.choice(world.cities) for company in world.hq}
+    employer = {person: rng.choice(list(hq)) for person in world.employer}
+    return replace(world, employer=employer, hq=hq, val_names=frozenset())
 
 
 @dataclass(frozen=True)
@@ -166,32 +166,35 @@ class PlannedTrajectory:
     answer: str
 
 
-def warm_start_plan(world: World, question: Question, rng: random.Random, *, p_right_person: float = 0.5,
-                    p_second_hop: float = 0.25, p_no_search: float = 0.1) -> PlannedTrajectory:
+def warm_start_plan(world: World, question: Question, rng: random.Random, *, p_no_search: float = 0.6,
+                    p_second_hop: float = 0.3) -> PlannedTrajectory:
     """One trajectory of the imperfect policy the demo model is warm-started into.
 
-    It answers without searching with probability ``p_no_search`` (a random entity of the asked kind: the position
-    after the prompt is also an answering position, so information gain is not just "answering after an
-    observation"); otherwise it searches the asked person with probability ``p_right_person`` (else another training
-    person) and answers with what that person's passage says. For a two-hop question it searches the company it read
-    about with probability ``p_second_hop`` and answers that company's city; otherwise it answers the person's birth
-    city, a plausible-looking shortcut that is usually wrong.
+    It answers at once with probability ``p_no_search``, with a random entity of the asked kind (so the position
+    after the prompt is an answering position too, and information gain is not just "answering after an
+    observation"); otherwise it searches the asked person and, for a one-hop question, answers the company it read.
+    For a two-hop question it searches that company with probability ``p_second_hop`` and answers its city;
+    otherwise it answers right after the first observation with a random city.
     """
-    people = {p.name: p for p in world.people}
     if rng.random() < p_no_search:
-        pool = list(world.companies) if question.kind == "employer" else list(world.cities)
+        pool = list(world.hq) if question.kind == "employer" else list(world.cities)
         return PlannedTrajectory((), rng.choice(pool))
-    if rng.random() < p_right_person:
-        person = people[question.person]
-    else:
-        person = rng.choice([p for p in world.split("train") if p.name != question.person])
-    if question.kind == "born":
-        return PlannedTrajectory((person.name,), person.born)
+    company = world.employer[question.person]
     if question.kind == "employer":
-        return PlannedTrajectory((person.name,), person.employer)
+        return PlannedTrajectory((question.person,), company)
     if rng.random() < p_second_hop:
-        return PlannedTrajectory((person.name, person.employer), world.companies[person.employer].hq)
-    return PlannedTrajectory((person.name,), person.born)
+        return PlannedTrajectory((question.person, company), world.hq[company])
+    return PlannedTrajectory((question.person,), rng.choice(world.cities))
+
+
+def warm_start_config(max_steps: int | None = None):
+    """The ``igpo.warmstart.WarmStartConfig`` of the demo model: the demo's agent settings."""
+    from igpo.warmstart import WarmStartConfig
+
+    return WarmStartConfig(max_steps=max_steps or WARM_START_STEPS, lr=WARM_START_LR, max_turns=MAX_TURNS,
+                           max_tokens_per_turn=MAX_TOKENS_PER_TURN, max_observation_tokens=MAX_OBSERVATION_TOKENS,
+                           prompt_length=PROMPT_LENGTH, response_length=RESPONSE_LENGTH, system_prompt=SYSTEM_PROMPT,
+                           tool_names=("search",), topk=TOPK, examples_per_passage=WARM_START_PLANS)
 
 
 def to_table(questions: list[Question], split: str):
@@ -210,43 +213,45 @@ def to_table(questions: list[Question], split: str):
     return pa.Table.from_pylist(rows, schema=parquet_schema())
 
 
-def write_world(out_dir: str | Path, base_corpus: str | Path, config: WorldConfig = WorldConfig()) -> dict[str, Path]:
-    """Write ``corpus.jsonl`` (base corpus + the world), ``train.parquet`` and ``val.parquet`` to ``out_dir``.
-
-    Every question's searches are checked against the local BM25 backend over the written corpus: the person's
-    name must retrieve the person's passage first, and the employer's name the company's passage first.
-    """
+def _write_corpus(path: Path, base: str, world: World) -> None:
+    """Base passages + the world's, then check that every handle and tag retrieves its own passage first."""
     import asyncio
 
-    import pyarrow.parquet as pq
-
     from tool_server.backends.local import LocalBackend
+
+    path.write_text(base + "\n" + "\n".join(json.dumps(r) for r in world.passages()) + "\n", encoding="utf-8")
+    backend = LocalBackend(path)
+    titles = {record["id"]: record["contents"].split("\n")[0].strip('"') for record in world.passages()}
+
+    async def misses() -> list[str]:
+        out = []
+        for name in list(world.employer) + list(world.hq):
+            hits = await backend.search_one(name, 1, deadline=float("inf"))
+            if not hits or titles.get(hits[0].doc_id) != name:
+                out.append(name)
+        return out
+
+    missed = asyncio.run(misses())
+    if missed:
+        raise ValueError(f"demo world: searching {missed[:5]} does not rank their own passage first in {path}; "
+                         "change WorldConfig.seed")
+
+
+def write_world(out_dir: str | Path, base_corpus: str | Path, config: WorldConfig = WorldConfig()) -> dict[str, Path]:
+    """Write the demo's files to ``out_dir``: ``corpus.jsonl`` (base corpus + the world), ``train.parquet`` and
+    ``val.parquet`` (its questions), ``practice_corpus.jsonl`` (base corpus + the practice world the warm-start
+    plays) and ``vocabulary.txt`` (the tokens the demo tokenizer adds, one per line)."""
+    import pyarrow.parquet as pq
 
     world = build_world(config)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    corpus = out_dir / "corpus.jsonl"
     base = Path(base_corpus).read_text(encoding="utf-8").rstrip("\n")
-    corpus.write_text(base + "\n" + "\n".join(json.dumps(r) for r in world.passages()) + "\n", encoding="utf-8")
-
-    backend = LocalBackend(corpus)
-    titles = {doc_id: json.loads(line)["contents"].split("\n")[0].strip('"')
-              for line in corpus.read_text(encoding="utf-8").splitlines()
-              for doc_id in [json.loads(line)["id"]]}
-
-    async def first_title(query: str) -> str | None:
-        hits = await backend.search_one(query, 1, deadline=float("inf"))
-        return titles[hits[0].doc_id] if hits else None
-
-    async def check() -> list[str]:
-        names = [p.name for p in world.people] + list(world.companies)
-        return [name for name in names if await first_title(name) != name]
-
-    misses = asyncio.run(check())
-    if misses:
-        raise ValueError(f"demo world: searching {misses[:5]} does not rank their own passage first; change "
-                         "WorldConfig.seed")
-    paths = {"corpus": corpus}
+    paths = {"corpus": out_dir / "corpus.jsonl", "practice_corpus": out_dir / "practice_corpus.jsonl",
+             "vocabulary": out_dir / "vocabulary.txt"}
+    _write_corpus(paths["corpus"], base, world)
+    _write_corpus(paths["practice_corpus"], base, practice_world(world, config.seed))
+    paths["vocabulary"].write_text("\n".join(world.vocabulary()) + "\n", encoding="utf-8")
     for split in ("train", "val"):
         questions = world.questions(split)
         random.Random(f"{config.seed}:{split}").shuffle(questions)
@@ -259,7 +264,7 @@ def main() -> None:
     import argparse
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out-dir", required=True, help="directory for corpus.jsonl, train.parquet, val.parquet")
+    parser.add_argument("--out-dir", required=True, help="directory for the demo's corpus, questions and vocabulary")
     parser.add_argument("--base-corpus", required=True, help="real passages kept as distractors, e.g. "
                                                              "data/wiki_passages_1000.jsonl")
     parser.add_argument("--seed", type=int, default=WorldConfig.seed)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -45,7 +45,12 @@ CHAT_TEMPLATE = (
 
 @dataclass(frozen=True)
 class TinyModelSpec:
-    """Shape of the tiny model. Defaults: ~0.3M parameters, fast enough for verl's trainer on two CPU cores."""
+    """Shape of the tiny model. Defaults: ~0.3M parameters, fast enough for verl's trainer on two CPU cores.
+
+    extra_tokens: whole words added to the tokenizer as single tokens (the demo world's handles, tags and cities).
+    copy_steps: steps of copy pre-training (:func:`pretrain_copy`, on ``extra_tokens``) after the random init; 0
+        leaves the model random.
+    """
 
     vocab_size: int = 2048
     hidden_size: int = 64
@@ -55,12 +60,20 @@ class TinyModelSpec:
     num_key_value_heads: int = 2
     max_position_embeddings: int = 8192
     seed: int = 0
+    extra_tokens: tuple[str, ...] = ()
+    copy_steps: int = 0
 
     def fingerprint(self, corpus: Path) -> str:
         digest = hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode())
         digest.update(CHAT_TEMPLATE.encode())
         digest.update(corpus.read_bytes())
         return digest.hexdigest()[:16]
+
+
+# The CPU demo's policy (bash train_igpo.sh without a GPU): ~1.6M parameters, copy pre-trained, ~6 s per RL step of
+# 32 trajectories on two cores. Its extra tokens come from the demo world (vocabulary.txt).
+DEMO_SPEC = TinyModelSpec(vocab_size=2048, hidden_size=128, intermediate_size=384, num_hidden_layers=4,
+                          num_attention_heads=4, num_key_value_heads=2, seed=1, copy_steps=400)
 
 
 def _corpus_lines(corpus: Path) -> Iterator[str]:
@@ -113,6 +126,8 @@ def build_tokenizer(corpus: Path, spec: TinyModelSpec):
     )
     # Tags are added as normal (non-special) tokens: they survive skip_special_tokens decoding, like Qwen's.
     tokenizer.add_tokens(list(TAG_TOKENS))
+    vocab = tokenizer.get_vocab()
+    tokenizer.add_tokens([t for t in dict.fromkeys(spec.extra_tokens) if t not in vocab])
     tokenizer.chat_template = CHAT_TEMPLATE
     return tokenizer
 
@@ -163,10 +178,79 @@ def build_tiny_model(out_dir: str | Path, corpus: str | Path, spec: TinyModelSpe
         pad_token_id=tokenizer.pad_token_id,
         do_sample=True,
     )
+    copy_report = {}
+    if spec.copy_steps:
+        if not spec.extra_tokens:
+            raise ValueError("tiny model: copy_steps needs extra_tokens (the entities to copy), e.g. the demo world's "
+                             "vocabulary.txt")
+        copy_report = pretrain_copy(model, tokenizer, spec.extra_tokens, spec.copy_steps, seed=spec.seed)
+    stamp.unlink(missing_ok=True)  # a half-written directory must not look finished
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
-    stamp.write_text(json.dumps({"fingerprint": fingerprint, "spec": asdict(spec)}, indent=1))
+    stamp.write_text(json.dumps({"fingerprint": fingerprint, "spec": asdict(spec), "copy": copy_report}, indent=1))
     return out_dir
+
+
+def copy_triggers(tokenizer) -> list[int]:
+    """Ids of the tokens after which the agent protocol writes a name: the opening of a search query's string
+    (the last token of ``{"query": ["``) and ``<answer>``."""
+    return [tokenizer.encode('{"query": ["')[-1], tokenizer.convert_tokens_to_ids("<answer>")]
+
+
+def pretrain_copy(model, tokenizer, entities: tuple[str, ...], steps: int, *, lr: float = 3e-3, length: int = 256,
+                  batch: int = 16, max_gap: int = 40, seed: int = 0) -> dict:
+    """Teach a random causal LM to refer back: in sequences of random non-entity tokens with entity tokens mentioned
+    here and there, every trigger token (``copy_triggers``) is followed by the entity mentioned last, 1 to
+    ``max_gap`` tokens earlier; next-token loss on those positions only. This is the one skill of a pretrained LM
+    the CPU demo needs (writing a name just read into a query or an answer); it carries no fact, question or
+    protocol of the demo. Returns the loss at the start and at the end and the seconds taken.
+    """
+    import random
+    import time
+
+    import torch
+
+    vocab = len(tokenizer)
+    entity_ids = tokenizer.convert_tokens_to_ids(list(entities))
+    triggers = copy_triggers(tokenizer)
+    is_special = torch.zeros(vocab, dtype=torch.bool)
+    is_special[entity_ids + triggers] = True
+    is_special[:3] = True  # the control tokens
+    noise = torch.nonzero(~is_special).squeeze(1)
+    generator = torch.Generator().manual_seed(seed)
+    rng = random.Random(seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    model.train()
+    losses, start = [], time.monotonic()
+    for step in range(steps):
+        ids = noise[torch.randint(len(noise), (batch, length), generator=generator)]
+        targets = torch.full((batch, length), -100)
+        for row in range(batch):
+            last, pos = None, 0
+            while True:
+                pos += rng.randint(1, max_gap)
+                if pos >= length - 2:
+                    break
+                if last is None or rng.random() < 0.5:  # mention an entity
+                    last = entity_ids[rng.randrange(len(entity_ids))]
+                    ids[row, pos] = last
+                else:  # a trigger, then the entity mentioned last
+                    ids[row, pos], ids[row, pos + 1] = triggers[rng.randrange(len(triggers))], last
+                    targets[row, pos] = last
+                    pos += 1
+        for group in optimizer.param_groups:  # warm-up, then linear decay to a tenth
+            group["lr"] = lr * min(1.0, (step + 1) / 30) * max(0.1, 1 - step / steps)
+        logits = model(input_ids=ids).logits
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, vocab), targets.reshape(-1), ignore_index=-100)
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        losses.append(loss.item())
+    model.eval()
+    tail = losses[-10:]
+    return {"steps": steps, "loss_start": losses[0], "loss_end": sum(tail) / len(tail),
+            "seconds": round(time.monotonic() - start, 1)}
 
 
 def main() -> None:
@@ -175,8 +259,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="checkpoint directory to create or reuse")
     parser.add_argument("--corpus", required=True, help="JSONL corpus or text file for the tokenizer")
+    parser.add_argument("--demo", action="store_true",
+                        help="the CPU demo's policy (DEMO_SPEC: larger, copy pre-trained) with --extra-tokens")
+    parser.add_argument("--extra-tokens", type=Path, default=None,
+                        help="a file of whole words (one per line) to add as single tokens, e.g. the demo world's "
+                             "vocabulary.txt (python -m igpo.demo_world)")
     args = parser.parse_args()
-    print(build_tiny_model(args.out, args.corpus))
+    spec = DEMO_SPEC if args.demo else TinyModelSpec()
+    if args.extra_tokens is not None:
+        if not args.extra_tokens.is_file():
+            parser.error(f"--extra-tokens {args.extra_tokens}: no such file (write it with python -m igpo.demo_world)")
+        words = tuple(w for w in args.extra_tokens.read_text(encoding="utf-8").split("\n") if w.strip())
+        spec = replace(spec, extra_tokens=words)
+    print(build_tiny_model(args.out, args.corpus, spec))
 
 
 if __name__ == "__main__":

@@ -61,6 +61,8 @@ class WarmStartConfig:
     max_turns, max_tokens_per_turn, max_observation_tokens, prompt_length, response_length: the loop's sizes (CPU
         demo). max_turns >= 3: with 2 the loop appends the answer-now instruction to the only observation.
     verify_examples: how many synthetic sequences are replayed through the real agent loop as a check.
+    system_prompt, tool_names: the loop's ``algorithm.igpo.agent`` values (null: the loop's default prompt).
+    topk: passages per search (the demo tool server's ``--default-topk``).
     data: how snippets are drawn and which passages are held out (never trained on).
     """
 
@@ -80,6 +82,9 @@ class WarmStartConfig:
     verify_examples: int = 8
     prompt_length: int = 1024
     response_length: int = 512
+    system_prompt: str | None = None
+    tool_names: tuple[str, ...] = ("search", "visit")
+    topk: int = 5
     data: DemoDataConfig = field(default_factory=DemoDataConfig)
 
     def __post_init__(self):
@@ -108,7 +113,11 @@ class WarmStartConfig:
             raise fail("max_observation_tokens", "must be an integer >= 32, as algorithm.igpo.agent requires")
 
     def agent_section(self) -> dict[str, Any]:
-        return {"max_tokens_per_turn": self.max_tokens_per_turn, "max_observation_tokens": self.max_observation_tokens}
+        section = {"max_tokens_per_turn": self.max_tokens_per_turn,
+                   "max_observation_tokens": self.max_observation_tokens, "tool_names": list(self.tool_names)}
+        if self.system_prompt is not None:
+            section["system_prompt"] = self.system_prompt
+        return section
 
 
 @dataclass(frozen=True)
@@ -129,11 +138,11 @@ class LocalTools:
     so the observation text equals what the loop receives from a running server.
     """
 
-    def __init__(self, corpus: str | Path):
+    def __init__(self, corpus: str | Path, topk: int = 5):
         from tool_server.app import build_service
         from tool_server.config import ServerConfig
 
-        self.config = ServerConfig(backend="local", corpus=Path(corpus))
+        self.config = ServerConfig(backend="local", corpus=Path(corpus), default_topk=topk)
         self.service = build_service(self.config)
 
     async def call(self, name: str, arguments: dict) -> Any:
@@ -505,7 +514,7 @@ def warm_start(model_dir: str | Path, corpus: str | Path, out_dir: str | Path, *
         raise FileNotFoundError(f"warm-start: {model_dir} is not a Hugging Face checkpoint (no config.json); build "
                                 "one with python -m igpo.tiny_model --out DIR --corpus FILE")
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    tools = LocalTools(corpus)
+    tools = LocalTools(corpus, config.topk)
     try:
         if world is not None:
             examples, skipped = world_examples(tokenizer, tools, world, config,
@@ -589,7 +598,7 @@ def measure(model_dir: str | Path, corpus: str | Path, *, n: int = 32, seed: int
 
     config = config or WarmStartConfig()
     corpus = Path(corpus)
-    tools = LocalTools(corpus)
+    tools = LocalTools(corpus, config.topk)
     threads = torch.get_num_threads()
     try:
         questions = heldout_questions(corpus, tools, config)
@@ -649,7 +658,7 @@ def measure_world(model_dir: str | Path, corpus: str | Path, world: Any, *, spli
     config = config or WarmStartConfig()
     questions = world.questions(split)
     questions = questions[:n] if n else questions
-    tools = LocalTools(corpus)
+    tools = LocalTools(corpus, config.topk)
     threads = torch.get_num_threads()
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -702,23 +711,25 @@ def main() -> None:
     parser.add_argument("--base", required=True, help="checkpoint to start from (python -m igpo.tiny_model output)")
     parser.add_argument("--corpus", required=True, help="JSONL corpus, e.g. data/wiki_passages_1000.jsonl")
     parser.add_argument("--out", required=True, help="output checkpoint directory (reused when up to date)")
-    parser.add_argument("--steps", type=int, default=WarmStartConfig.max_steps, help="training steps")
+    parser.add_argument("--steps", type=int, default=None,
+                        help=f"training steps (default {WarmStartConfig.max_steps}; world: demo_world.WARM_START_STEPS)")
     parser.add_argument("--seconds", type=float, default=WarmStartConfig.seconds,
                         help="training wall-time cap; training stops at --steps or here, whichever comes first")
     parser.add_argument("--seed", type=int, default=WarmStartConfig.seed)
     parser.add_argument("--eval", type=int, default=0, metavar="N",
                         help="also roll out N held-out questions with the base and the warm-started model")
     parser.add_argument("--world-seed", type=int, default=None,
-                        help="train on the generated world of this seed (igpo.demo_world; --corpus is its corpus.jsonl)"
-                             " instead of the corpus-title questions")
+                        help="train on the practice world of the generated world of this seed (igpo.demo_world; "
+                             "--corpus is its practice_corpus.jsonl) instead of the corpus-title questions")
     args = parser.parse_args()
-    config = WarmStartConfig(max_steps=args.steps)
+    config = WarmStartConfig(max_steps=args.steps or WarmStartConfig.max_steps)
     world = None
     if args.world_seed is not None:
-        from igpo.demo_world import RESPONSE_LENGTH, WorldConfig, build_world
+        from igpo.demo_world import WorldConfig, build_world, practice_world, warm_start_config
 
-        world = build_world(WorldConfig(seed=args.world_seed))
-        config = dataclasses.replace(config, response_length=RESPONSE_LENGTH)
+        # Trained on the practice world (same names, other facts): --corpus is its practice_corpus.jsonl.
+        world = practice_world(build_world(WorldConfig(seed=args.world_seed)), args.world_seed)
+        config = warm_start_config(max_steps=args.steps)
     out = warm_start(args.base, args.corpus, args.out, seconds=args.seconds, seed=args.seed, config=config,
                      world=world)
     stamp = json.loads((Path(out) / STAMP).read_text())
@@ -726,8 +737,10 @@ def main() -> None:
           f"loss {stamp['loss_start']:.3f} -> {stamp['loss_end']:.3f}")
     if args.eval:
         for name, path in (("base", args.base), ("warm", out)):
-            if world is not None:
-                report = measure_world(path, args.corpus, world, n=args.eval, seed=args.seed, config=config)
+            if world is not None:  # the world's held-out people, searched in its own corpus next to the practice one
+                report = measure_world(path, Path(args.corpus).with_name("corpus.jsonl"),
+                                       build_world(WorldConfig(seed=args.world_seed)), n=args.eval, seed=args.seed,
+                                       config=config)
             else:
                 report = asdict(measure(path, args.corpus, n=args.eval, seed=args.seed, config=config))
             print(f"warm-start eval ({name}): {report}")
