@@ -81,26 +81,33 @@ else
     CONFIG=cpu_demo
     export VERL_PLATFORM=cpu IGPO_ENV=cpu
     source scripts/env.sh
+    # The demo world (igpo/demo_world.py): fictional people and companies, a corpus that holds their facts among real
+    # Wikipedia passages, one- and two-hop questions, held-out validation people. Seeded: the same files every time.
+    WORLD="$ROOT/.cache/demo_world"
+    "$PY" -m igpo.demo_world --out-dir "$WORLD" --base-corpus "$ROOT/data/wiki_passages_1000.jsonl" >/dev/null \
+        || { echo "igpo: writing the demo world to $WORLD failed"; exit 1; }
     if [ -z "${MODEL_PATH:-}" ]; then
-        # A tiny random Qwen2 + local tokenizer, warm-started for ~1 minute on synthetic search-then-answer
-        # trajectories so that it issues real tool calls (both cached under .cache/).
-        echo "igpo: preparing the tiny demo model (first run: about two minutes; cached afterwards)"
-        CORPUS="$ROOT/data/wiki_passages_1000.jsonl"
+        # A tiny Qwen2 with the world's names as tokens, pre-trained to copy a name it just read, then warm-started
+        # into an imperfect searcher on a practice world (same names, other facts); both cached under .cache/.
+        echo "igpo: preparing the tiny demo model (first run: about three minutes; cached afterwards)"
         PREP_LOG="$(mktemp -t igpo-demo-model.XXXXXX.log)"
-        BASE=$("$PY" -m igpo.tiny_model --out "$ROOT/.cache/tiny_model" --corpus "$CORPUS" 2>>"$PREP_LOG" | tail -n 1) \
-            && MODEL_PATH=$("$PY" -m igpo.warmstart --base "$BASE" --corpus "$CORPUS" \
-                            --out "$ROOT/.cache/tiny_model_warm" 2>>"$PREP_LOG" | tail -n 1) \
+        BASE=$("$PY" -m igpo.tiny_model --demo --out "$ROOT/.cache/tiny_demo" --corpus "$WORLD/corpus.jsonl" \
+                   --extra-tokens "$WORLD/vocabulary.txt" 2>>"$PREP_LOG" | tail -n 1) \
+            && MODEL_PATH=$("$PY" -m igpo.warmstart --base "$BASE" --corpus "$WORLD/practice_corpus.jsonl" --world-seed 0 \
+                            --out "$ROOT/.cache/tiny_demo_warm" 2>>"$PREP_LOG" | tail -n 1) \
             || { echo "igpo: building the demo model failed; see $PREP_LOG:"; tail -n 20 "$PREP_LOG"; exit 1; }
         grep "time cap stopped training" "$PREP_LOG" | sed 's/^/igpo: /' || true
     fi
-    TRAIN_FILE="${TRAIN_FILE:-$ROOT/data/demo_train.parquet}"
-    VAL_FILE="${VAL_FILE:-$ROOT/data/demo_val.parquet}"
+    TRAIN_FILE="${TRAIN_FILE:-$WORLD/train.parquet}"
+    VAL_FILE="${VAL_FILE:-$WORLD/val.parquet}"
+    CORPUS="${CORPUS:-$WORLD/corpus.jsonl}"
     OVERRIDES=()
     if [ -n "${IGPO_RECIPE:-}" ]; then
         recipe_tools
         OVERRIDES=(+recipe="$IGPO_RECIPE")  # cpu_demo.yaml has no recipe default: appended after it
     fi
     TOOL_BACKEND="${TOOL_BACKEND:-local}"
+    TOOL_TOPK="${TOOL_TOPK:-1}"  # the demo world's passages per search (igpo/demo_world.py TOPK)
     echo "igpo: no GPU: running the CPU demo (configs/cpu_demo.yaml, tiny model at $MODEL_PATH)"
 fi
 
@@ -135,7 +142,7 @@ trap 'exit 130' INT TERM
 
 if [ -z "${TOOL_SERVER_URL:-}" ]; then
     TOOL_LOG="$RUN_DIR/tool_server.log"
-    "$PY" -u -m tool_server --backend "$TOOL_BACKEND" --corpus "$ROOT/data/wiki_passages_1000.jsonl" \
+    "$PY" -u -m tool_server --backend "$TOOL_BACKEND" --corpus "${CORPUS:-$ROOT/data/wiki_passages_1000.jsonl}" \
         --default-topk "${TOOL_TOPK:-5}" --host 127.0.0.1 --port 0 --cache "$RUN_DIR/tool_cache.sqlite" \
         ${TOOL_SERVER_ARGS:-} > "$TOOL_LOG" 2>&1 &
     TOOL_PID=$!

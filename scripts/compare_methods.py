@@ -136,9 +136,10 @@ def fmt(values: list[float]) -> str:
 
 
 def data_hash() -> str:
+    """The demo world's files as train_igpo.sh wrote them (questions, corpora, vocabulary)."""
     digest = hashlib.sha256()
-    for name in ("demo_train.parquet", "demo_val.parquet", "wiki_passages_1000.jsonl"):
-        digest.update((ROOT / "data" / name).read_bytes())
+    for name in ("train.parquet", "val.parquet", "corpus.jsonl", "practice_corpus.jsonl", "vocabulary.txt"):
+        digest.update((ROOT / ".cache" / "demo_world" / name).read_bytes())
     return digest.hexdigest()[:16]
 
 
@@ -232,8 +233,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated, of {', '.join(METHODS)}")
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated integers (>= 3 for a reported figure)")
-    parser.add_argument("--steps", type=int, default=6, help="training steps per run (the same for every method)")
-    parser.add_argument("--val-every", type=int, default=2, help="validation every N steps (and before step 1)")
+    parser.add_argument("--steps", type=int, default=20, help="training steps per run (the same for every method)")
+    parser.add_argument("--val-every", type=int, default=5, help="validation every N steps (and before step 1)")
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "cpu_compare")
     parser.add_argument("--resume", action="store_true", help="keep finished runs in --out/runs, run the rest")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per run before it is killed")

@@ -78,5 +78,5 @@ def test_unknown_method_is_refused_with_the_choices(monkeypatch, capsys):
 
 
 def test_trajectories_per_step_come_from_the_demo_config_and_its_overrides():
-    assert compare._trajectories_per_step([]) == 8  # configs/cpu_demo.yaml: 4 prompts x 2 rollouts
-    assert compare._trajectories_per_step(["data.train_batch_size=8", "actor_rollout_ref.rollout.n=4"]) == 32
+    assert compare._trajectories_per_step([]) == 64  # configs/cpu_demo.yaml: 16 prompts x 4 rollouts
+    assert compare._trajectories_per_step(["data.train_batch_size=8", "actor_rollout_ref.rollout.n=2"]) == 16

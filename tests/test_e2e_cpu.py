@@ -26,6 +26,14 @@ GPU_PRECISION = ["actor_rollout_ref.actor.fsdp_config.mixed_precision=null",
                  "actor_rollout_ref.ref.fsdp_config.mixed_precision=null"]
 
 
+def _pooled_ig(log: str, which: str) -> tuple[float, float]:
+    """Count-weighted mean of igpo/ig_mean_answer_<which> over the logged steps, and the total count."""
+    means = [float(v) for v in re.findall(rf"igpo/ig_mean_answer_{which}:([0-9.eE+-]+|nan)", log)]
+    counts = [float(v) for v in re.findall(rf"igpo/ig_count_answer_{which}:([0-9.eE+-]+)", log)]
+    total = sum(counts)
+    return sum(m * c for m, c in zip(means, counts) if c > 0) / max(total, 1.0), total
+
+
 def test_train_igpo_sh_runs_two_steps_with_information_gain(tmp_path):
     """The default path users get on GPUs: answer scoring on the actor (packed, FSDP2), bf16 mixed precision."""
     before = _ray_processes()
@@ -52,6 +60,14 @@ def test_train_igpo_sh_runs_two_steps_with_information_gain(tmp_path):
     assert len(grad_norms) == 2 and min(grad_norms) > 0, grad_norms
     shares = [float(v) for v in re.findall(r"igpo/scoring_step_share:([0-9.eE+-]+)", log)]
     assert len(shares) == 2 and all(0 < v < 1 for v in shares), shares
+    # Information gain tracks information on the demo world: a search whose observation holds the answer raises the
+    # answer's probability; one that does not (wrong hop, or the first hop of a two-hop question) lowers it.
+    seen, seen_count = _pooled_ig(log, "seen")
+    unseen, unseen_count = _pooled_ig(log, "unseen")
+    assert seen_count > 0 and unseen_count > 0, (seen_count, unseen_count)
+    assert seen > unseen + 1.0, (seen, unseen)
+    # Validated before the first step and after the last, both printed.
+    assert re.search(r"igpo: validation F1 before=[0-9.]+ after=[0-9.]+", out), out[-3000:]
     events = list((tmp_path / "run" / "tensorboard").rglob("events.out.tfevents.*"))
     assert events, "no TensorBoard events were written"
     assert _ray_processes() <= before, "Ray processes outlived the run"
