@@ -234,7 +234,7 @@ def main() -> None:
     parser.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated, of {', '.join(METHODS)}")
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated integers (>= 3 for a reported figure)")
     parser.add_argument("--steps", type=int, default=20, help="training steps per run (the same for every method)")
-    parser.add_argument("--val-every", type=int, default=5, help="validation every N steps (and before step 1)")
+    parser.add_argument("--val-every", type=int, default=10, help="validation every N steps (and before step 1)")
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "cpu_compare")
     parser.add_argument("--resume", action="store_true", help="keep finished runs in --out/runs, run the rest")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per run before it is killed")

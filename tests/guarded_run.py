@@ -10,6 +10,11 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+# The CPU demo at the size the end-to-end tests of mechanics need (4 prompts x 2 rollouts, no validation); the demo
+# as users run it (16 x 4, validation before and after) is tests/test_e2e_cpu.py's first test.
+NO_VALIDATION = ["trainer.val_before_train=false", "trainer.test_freq=-1"]
+SMALL_DEMO = ["data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.rollout.n=2",
+              *NO_VALIDATION]
 
 
 def run_guarded(args: list[str], env: dict[str, str], timeout: float) -> tuple[int, str]:

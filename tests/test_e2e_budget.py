@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from guarded_run import run_guarded
+from guarded_run import NO_VALIDATION, run_guarded
 
 pytestmark = pytest.mark.e2e
 
@@ -15,7 +15,7 @@ def test_a_budget_of_one_search_ends_the_run_cleanly_with_a_checkpoint(tmp_path)
     run = tmp_path / "run"
     env = {**os.environ, "OUTPUT_DIR": str(run), "IGPO_DEVICE": "cpu", "TOOL_SERVER_ARGS": "--budget-search 1"}
     env.pop("TOOL_SERVER_URL", None)
-    rc, out = run_guarded(["bash", "train_igpo.sh", "trainer.total_training_steps=3",
+    rc, out = run_guarded(["bash", "train_igpo.sh", *NO_VALIDATION, "trainer.total_training_steps=3",
                            "tools.price_per_1k.local=2.0"], env, timeout=420)
     assert rc == 0, out[-4000:]
     # Stopped after step 1 of 3, saying why and what to do.
@@ -50,7 +50,7 @@ def test_with_stop_on_budget_off_the_refused_searches_are_masked_and_training_go
     run = tmp_path / "run"
     env = {**os.environ, "OUTPUT_DIR": str(run), "IGPO_DEVICE": "cpu", "TOOL_SERVER_ARGS": "--budget-search 1"}
     env.pop("TOOL_SERVER_URL", None)
-    rc, out = run_guarded(["bash", "train_igpo.sh", "trainer.total_training_steps=2", "tools.stop_on_budget=false"],
+    rc, out = run_guarded(["bash", "train_igpo.sh", *NO_VALIDATION, "trainer.total_training_steps=2", "tools.stop_on_budget=false"],
                           env, timeout=420)
     assert rc == 0, out[-4000:]
     log = (run / "train.log").read_text()
@@ -60,9 +60,10 @@ def test_with_stop_on_budget_off_the_refused_searches_are_masked_and_training_go
     grad_norms = [float(v) for v in re.findall(r"actor/grad_norm:([0-9.eE+-]+|nan)", log)]
     assert len(grad_norms) == 2, grad_norms
     # Masking never poisons the update (no NaN/inf), and the unmasked trajectories still train the actor. One step may
-    # legitimately have a zero gradient: when masking leaves each group a single trajectory (batch 4 x 2), every
-    # group-normalised advantage is zero (CI saw [0.0, 1.74]); a run where no step updated fails here.
+    # legitimately have a zero gradient: when masking leaves each group a single trajectory, every group-normalised
+    # advantage is zero (CI saw [0.0, 1.74] at batch 4 x 2); a run where no step updated fails here. The demo's 16 x 4
+    # batch (the demo model searches in about one trajectory of five at first, so some search in every step).
     assert all(0 <= g < float("inf") for g in grad_norms), grad_norms
-    if min(masked) < 8:
+    if min(masked) < 64:
         assert max(grad_norms) > 0, (grad_norms, masked)
     assert "igpo: step:2/2" in out and "tool budget spent" not in out, out[-3000:]

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from guarded_run import REPO, run_guarded
+from guarded_run import REPO, SMALL_DEMO, run_guarded
 
 pytestmark = pytest.mark.e2e
 
@@ -96,7 +96,7 @@ def test_two_nodes_one_actor_rank_each_with_our_plugin(tmp_path, two_node_cluste
     address, cluster_env = two_node_cluster
     env = {**cluster_env, "RAY_ADDRESS": address, "OUTPUT_DIR": str(tmp_path / "run"), "IGPO_DEVICE": "cpu"}
     env.pop("TOOL_SERVER_URL", None)
-    rc, out = run_guarded(["bash", "train_igpo.sh", "trainer.total_training_steps=2", "trainer.nnodes=2",
+    rc, out = run_guarded(["bash", "train_igpo.sh", *SMALL_DEMO, "trainer.total_training_steps=2", "trainer.nnodes=2",
                            "trainer.n_gpus_per_node=1", "trainer.logger=[console]",
                            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
                            "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4",

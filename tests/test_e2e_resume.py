@@ -13,7 +13,7 @@ import shutil
 
 import pytest
 
-from guarded_run import run_guarded
+from guarded_run import NO_VALIDATION, run_guarded
 
 pytestmark = pytest.mark.e2e
 
@@ -43,7 +43,7 @@ def test_resume_after_a_crash_between_our_state_and_verls_checkpoint(tmp_path):
 
     def train(name: str, *extra: str) -> str:
         run = tmp_path / name
-        rc, out = run_guarded(["bash", "train_igpo.sh", *COMMON, f"trainer.default_local_dir={checkpoints}",
+        rc, out = run_guarded(["bash", "train_igpo.sh", *NO_VALIDATION, *COMMON, f"trainer.default_local_dir={checkpoints}",
                                f"trainer.rollout_data_dir={run / 'rollouts'}", *extra],
                               {**env, "OUTPUT_DIR": str(run)}, timeout=420)
         assert rc == 0, out[-4000:]
