@@ -153,19 +153,26 @@ def test_masks_from_token_rewards():
     assert I.nonzero().tolist() == [[0, 1], [1, 0]]
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("length", [1, 63, 64, 200])
-def test_masks_from_token_rewards_edge_values(dtype, length):
-    """Both implementations against the definition: NaN counts as a reward (the finiteness check must see it), -0.0
-    does not, rewards outside the response mask or after its last token are ignored, rows without tokens get none."""
-    gen = torch.Generator().manual_seed(length)
-    B = 6
+def _edge_rewards(B: int, length: int, *, seed: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sparse random token rewards and a response mask with the edge cases: row 0 without tokens, row 1 cut at half,
+    a -0.0 reward (not a reward) in row 2, a NaN (a reward) on row 3's last token."""
+    gen = torch.Generator().manual_seed(seed)
     r = torch.randn(B, length, generator=gen, dtype=dtype) * (torch.rand(B, length, generator=gen) < 0.3)
     m = torch.rand(B, length, generator=gen) < 0.7
     m[0] = False
     m[1, length // 2:] = False
     r[2, 0] = -0.0
     r[3, length - 1] = float("nan")
+    return r, m
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("length", [1, 63, 64, 200])
+def test_masks_from_token_rewards_edge_values(dtype, length):
+    """Both implementations against the definition: NaN counts as a reward (the finiteness check must see it), -0.0
+    does not, rewards outside the response mask or after its last token are ignored, rows without tokens get none."""
+    B = 6
+    r, m = _edge_rewards(B, length, seed=length, dtype=dtype)
     last = (length - 1) - m.flip(1).to(torch.uint8).argmax(1)
     expected_f = torch.zeros_like(m)
     for i in range(B):
@@ -416,14 +423,8 @@ def test_boundaries_from_token_rewards_match_the_masks(dtype, length):
     from igpo.core.advantage import boundaries_from_token_rewards
     from igpo.core.token_passes import find_boundaries
 
-    gen = torch.Generator().manual_seed(100 + length)
     B = 7
-    r = torch.randn(B, length, generator=gen, dtype=dtype) * (torch.rand(B, length, generator=gen) < 0.3)
-    m = torch.rand(B, length, generator=gen) < 0.7
-    m[0] = False
-    m[1, length // 2:] = False
-    r[2, 0] = -0.0
-    r[3, length - 1] = float("nan")
+    r, m = _edge_rewards(B, length, seed=100 + length, dtype=dtype)
     r[4] = 0.0
     r[4, length - 1] = 0.5
     m[4, length - 1] = False  # only off the mask
