@@ -15,6 +15,12 @@ REPO = Path(__file__).resolve().parent.parent
 NO_VALIDATION = ["trainer.val_before_train=false", "trainer.test_freq=-1"]
 SMALL_DEMO = ["data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.rollout.n=2",
               *NO_VALIDATION]
+# For tests that need tool results in every step: the warm-started demo model searches first in only ~15-20% of its
+# trajectories (measured: 0.17-0.25 at step 1), so 8 trajectories often hold no search (0.83^8 ~ 0.23); 32 prompts
+# x 2 hold none with probability ~ 0.83^64 < 1e-5 (with ARPO's one initial rollout per prompt, 0.83^32 ~ 3e-3 per
+# step).
+SEARCHING_DEMO = ["data.train_batch_size=32", "actor_rollout_ref.actor.ppo_mini_batch_size=32",
+                  "actor_rollout_ref.rollout.n=2", *NO_VALIDATION]
 
 
 def run_guarded(args: list[str], env: dict[str, str], timeout: float) -> tuple[int, str]:

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from guarded_run import SMALL_DEMO, run_guarded
+from guarded_run import SEARCHING_DEMO, run_guarded
 
 pytestmark = pytest.mark.e2e
 
@@ -21,8 +21,9 @@ def test_train_igpo_sh_with_arpo_branches_and_keeps_the_tree_metadata(tmp_path):
     env.pop("TOOL_SERVER_URL", None)
     started = time.monotonic()
     # tau = 1: every trajectory that reaches a tool result branches while its prompt has slots left (M = 2, N = 1),
-    # so the run cannot pass by luck of the draws; the draws themselves are covered in tests/test_arpo_loop.py.
-    rc, out = run_guarded(["bash", "train_igpo.sh", *SMALL_DEMO, "algorithm.arpo.enabled=true", "trainer.total_training_steps=2",
+    # so the branch draws cannot fail the run (they are covered in tests/test_arpo_loop.py); 32 prompts make a step
+    # whose initial rollouts all answer without searching rare (tests/guarded_run.py).
+    rc, out = run_guarded(["bash", "train_igpo.sh", *SEARCHING_DEMO, "algorithm.arpo.enabled=true", "trainer.total_training_steps=2",
                            "algorithm.arpo.branch_probability=1.0"], env, timeout=420)
     elapsed = time.monotonic() - started
     log = (tmp_path / "run" / "train.log").read_text()
@@ -48,7 +49,7 @@ def test_hard_attribution_rewrites_verls_grpo_advantages(tmp_path):
     writes the tree average (algorithm.arpo.attribution=hard)."""
     env = {**os.environ, "OUTPUT_DIR": str(tmp_path / "run"), "IGPO_DEVICE": "cpu"}
     env.pop("TOOL_SERVER_URL", None)
-    rc, out = run_guarded(["bash", "train_igpo.sh", *SMALL_DEMO, "algorithm.arpo.enabled=true", "trainer.total_training_steps=2",
+    rc, out = run_guarded(["bash", "train_igpo.sh", *SEARCHING_DEMO, "algorithm.arpo.enabled=true", "trainer.total_training_steps=2",
                            "algorithm.arpo.branch_probability=1.0", "algorithm.arpo.attribution=hard",
                            "algorithm.adv_estimator=grpo"], env, timeout=420)
     log = (tmp_path / "run" / "train.log").read_text()

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from guarded_run import NO_VALIDATION, SMALL_DEMO, run_guarded
+from guarded_run import NO_VALIDATION, SEARCHING_DEMO, run_guarded
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.e2e
@@ -104,7 +104,7 @@ def test_train_igpo_sh_runs_infopo(tmp_path):
     term comes from old_log_probs, and the infopo/* metrics are logged with no failed turn."""
     env = {**os.environ, "OUTPUT_DIR": str(tmp_path / "run"), "IGPO_DEVICE": "cpu"}
     env.pop("TOOL_SERVER_URL", None)
-    rc, out = run_guarded(["bash", "train_igpo.sh", *SMALL_DEMO, "trainer.total_training_steps=2", "algorithm.adv_estimator=infopo"],
+    rc, out = run_guarded(["bash", "train_igpo.sh", *SEARCHING_DEMO, "trainer.total_training_steps=2", "algorithm.adv_estimator=infopo"],
                    env, timeout=540)
     log = (tmp_path / "run" / "train.log").read_text()
     assert rc == 0, out[-4000:]
