@@ -89,7 +89,11 @@ else
     if [ -z "${MODEL_PATH:-}" ]; then
         # A tiny Qwen2 with the world's names as tokens, pre-trained to copy a name it just read, then warm-started
         # into an imperfect searcher on a practice world (same names, other facts); both cached under .cache/.
-        echo "igpo: preparing the tiny demo model (first run: about three minutes; cached afterwards)"
+        if [ -f "$ROOT/.cache/tiny_demo_warm/igpo_warmstart.json" ]; then
+            echo "igpo: using the cached tiny demo model in .cache/ (rebuilt only if its inputs changed)"
+        else
+            echo "igpo: preparing the tiny demo model (first run: about three minutes; cached afterwards)"
+        fi
         PREP_LOG="$(mktemp -t igpo-demo-model.XXXXXX.log)"
         BASE=$("$PY" -m igpo.tiny_model --demo --out "$ROOT/.cache/tiny_demo" --corpus "$WORLD/corpus.jsonl" \
                    --extra-tokens "$WORLD/vocabulary.txt" 2>>"$PREP_LOG" | tail -n 1) \
