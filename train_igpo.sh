@@ -81,10 +81,10 @@ else
     CONFIG=cpu_demo
     export VERL_PLATFORM=cpu IGPO_ENV=cpu
     source scripts/env.sh
-    # The demo world (igpo/demo_world.py): fictional people and companies, a corpus that holds their facts among real
+    # The demo world (igpo/demo/world.py): fictional people and companies, a corpus that holds their facts among real
     # Wikipedia passages, one- and two-hop questions, held-out validation people. Seeded: the same files every time.
     WORLD="$ROOT/.cache/demo_world"
-    "$PY" -m igpo.demo_world --out-dir "$WORLD" --base-corpus "$ROOT/data/wiki_passages_1000.jsonl" >/dev/null \
+    "$PY" -m igpo.demo.world --out-dir "$WORLD" --base-corpus "$ROOT/data/wiki_passages_1000.jsonl" >/dev/null \
         || { echo "igpo: writing the demo world to $WORLD failed"; exit 1; }
     if [ -z "${MODEL_PATH:-}" ]; then
         # A tiny Qwen2 with the world's names as tokens, pre-trained to copy a name it just read, then warm-started
@@ -95,9 +95,9 @@ else
             echo "igpo: preparing the tiny demo model (first run: about three minutes; cached afterwards)"
         fi
         PREP_LOG="$(mktemp -t igpo-demo-model.XXXXXX.log)"
-        BASE=$("$PY" -m igpo.tiny_model --demo --out "$ROOT/.cache/tiny_demo" --corpus "$WORLD/corpus.jsonl" \
+        BASE=$("$PY" -m igpo.demo.tiny_model --demo --out "$ROOT/.cache/tiny_demo" --corpus "$WORLD/corpus.jsonl" \
                    --extra-tokens "$WORLD/vocabulary.txt" 2>>"$PREP_LOG" | tail -n 1) \
-            && MODEL_PATH=$("$PY" -m igpo.warmstart --base "$BASE" --corpus "$WORLD/practice_corpus.jsonl" --world-seed 0 \
+            && MODEL_PATH=$("$PY" -m igpo.demo.warmstart --base "$BASE" --corpus "$WORLD/practice_corpus.jsonl" --world-seed 0 \
                             --out "$ROOT/.cache/tiny_demo_warm" 2>>"$PREP_LOG" | tail -n 1) \
             || { echo "igpo: building the demo model failed; see $PREP_LOG:"; tail -n 20 "$PREP_LOG"; exit 1; }
         grep "time cap stopped training" "$PREP_LOG" | sed 's/^/igpo: /' || true
@@ -111,7 +111,7 @@ else
         OVERRIDES=(+recipe="$IGPO_RECIPE")  # cpu_demo.yaml has no recipe default: appended after it
     fi
     TOOL_BACKEND="${TOOL_BACKEND:-local}"
-    TOOL_TOPK="${TOOL_TOPK:-1}"  # the demo world's passages per search (igpo/demo_world.py TOPK)
+    TOOL_TOPK="${TOOL_TOPK:-1}"  # the demo world's passages per search (igpo/demo/world.py TOPK)
     echo "igpo: no GPU: running the CPU demo (configs/cpu_demo.yaml, tiny model at $MODEL_PATH)"
 fi
 

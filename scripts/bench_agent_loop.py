@@ -47,7 +47,7 @@ from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
 from verl.workers.rollout.replica import TokenOutput  # noqa: E402
 
 from igpo.agent_loop import IGPOAgentLoop  # noqa: E402
-from igpo.tiny_model import build_tiny_model  # noqa: E402
+from igpo.demo.tiny_model import build_tiny_model  # noqa: E402
 
 TURNS = 200
 OBSERVATION = " ".join(f"Result {i}: a page about topic {i} with a few facts and a link http://e.x/{i}." for i in range(12))

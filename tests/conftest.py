@@ -10,7 +10,7 @@ CORPUS = REPO / "data" / "wiki_passages_1000.jsonl"
 
 @pytest.fixture(scope="session")
 def tiny_model_dir() -> Path:
-    from igpo.tiny_model import build_tiny_model
+    from igpo.demo.tiny_model import build_tiny_model
 
     return build_tiny_model(REPO / ".cache" / "tiny_model", CORPUS)
 

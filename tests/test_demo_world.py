@@ -7,8 +7,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import yaml
 
-from igpo import demo_world
-from igpo.demo_world import WorldConfig, build_world, practice_world, warm_start_plan, write_world
+from igpo.demo import world as demo_world
+from igpo.demo.world import WorldConfig, build_world, practice_world, warm_start_plan, write_world
 
 REPO = Path(__file__).resolve().parent.parent
 CORPUS = REPO / "data" / "wiki_passages_1000.jsonl"

@@ -1,4 +1,4 @@
-"""Demo questions from the local corpus (igpo.demo_data) and the warm-start of the tiny model (igpo.warmstart)."""
+"""Demo questions from the local corpus (igpo.demo.titles) and the warm-start of the tiny model (igpo.demo.warmstart)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from igpo import demo_data, warmstart
-from igpo.demo_data import DemoDataConfig, build_questions, load_passages, split_passages, write_demo_data
-from igpo.warmstart import WarmStartConfig
+from igpo.demo import titles as demo_data, warmstart
+from igpo.demo.titles import DemoDataConfig, build_questions, load_passages, split_passages, write_demo_data
+from igpo.demo.warmstart import WarmStartConfig
 from tool_server.backends.local import LocalBackend
 
 REPO = Path(__file__).resolve().parent.parent

@@ -263,12 +263,12 @@ def main() -> None:
                         help="the CPU demo's policy (DEMO_SPEC: larger, copy pre-trained) with --extra-tokens")
     parser.add_argument("--extra-tokens", type=Path, default=None,
                         help="a file of whole words (one per line) to add as single tokens, e.g. the demo world's "
-                             "vocabulary.txt (python -m igpo.demo_world)")
+                             "vocabulary.txt (python -m igpo.demo.world)")
     args = parser.parse_args()
     spec = DEMO_SPEC if args.demo else TinyModelSpec()
     if args.extra_tokens is not None:
         if not args.extra_tokens.is_file():
-            parser.error(f"--extra-tokens {args.extra_tokens}: no such file (write it with python -m igpo.demo_world)")
+            parser.error(f"--extra-tokens {args.extra_tokens}: no such file (write it with python -m igpo.demo.world)")
         words = tuple(w for w in args.extra_tokens.read_text(encoding="utf-8").split("\n") if w.strip())
         spec = replace(spec, extra_tokens=words)
     print(build_tiny_model(args.out, args.corpus, spec))

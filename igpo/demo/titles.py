@@ -10,7 +10,7 @@ ranks the source passage first), and the search result shows ``[T](corpus://<id>
 the policy's probability of the answer, and information gain has something to measure on the tiny CPU model.
 
 Passages are split once, by a seeded permutation, into training passages and held-out validation passages, so a
-warm-started model (``igpo.warmstart``, which trains on training passages only) is measured on passages it never saw.
+warm-started model (``igpo.demo.warmstart``, which trains on training passages only) is measured on passages it never saw.
 Output: verl RL parquet files with the schema of ``data/train_nq_256.parquet``.
 """
 

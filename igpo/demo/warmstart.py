@@ -2,7 +2,7 @@
 
 A random model never writes a well-formed tool call, so the CPU demo's trajectories would be malformed turns with
 nothing for information gain to measure. This module teaches the tiny model the agent protocol on synthetic
-search-then-answer trajectories built from the local corpus (``igpo.demo_data`` questions):
+search-then-answer trajectories built from the local corpus (``igpo.demo.titles`` questions):
 
     prompt (system + user, generation prompt)
     -> <tool_call>{"name": "search", "arguments": {"query": ["<snippet>"]}}</tool_call><|im_end|>     (trained)
@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from igpo.demo_data import DemoDataConfig, DemoQuestion, build_questions, load_passages, split_passages
+from igpo.demo.titles import DemoDataConfig, DemoQuestion, build_questions, load_passages, split_passages
 
 STAMP = "igpo_warmstart.json"
 # The probe that the evaluation (and the demo, via algorithm.igpo.answer_template_*) scores: the answer turn the
@@ -330,12 +330,12 @@ def _verify_against_loop(tokenizer: Any, tools: LocalTools, pairs: list[tuple[De
 
 def world_examples(tokenizer: Any, tools: LocalTools, world: Any, config: WarmStartConfig, *, plans_per_question: int,
                    model_type: str | None = None) -> tuple[list[Example], dict[str, int]]:
-    """Warm-start sequences for the generated world (``igpo.demo_world``): every training question played
+    """Warm-start sequences for the generated world (``igpo.demo.world``): every training question played
     ``plans_per_question`` times by the imperfect policy of ``demo_world.warm_start_plan``, each one run through the
     real ``IGPOAgentLoop`` with a scripted server, so every sequence is the loop's own layout (prompt, tool turns,
     observations as the loop frames and truncates them, answer) with its loss mask. A plan the loop cannot play to
     its end (it would force the answer earlier, e.g. for lack of context) is skipped and counted."""
-    from igpo.demo_world import warm_start_plan
+    from igpo.demo.world import warm_start_plan
 
     eot_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
     rng = random.Random(config.seed)
@@ -483,7 +483,7 @@ def training_questions(corpus: Path, tools: LocalTools, config: WarmStartConfig)
 
 
 def heldout_questions(corpus: Path, tools: LocalTools, config: WarmStartConfig) -> list[DemoQuestion]:
-    """The validation questions of ``igpo.demo_data`` (the passages the warm-start never trains on)."""
+    """The validation questions of ``igpo.demo.titles`` (the passages the warm-start never trains on)."""
     _, val_passages = split_passages(load_passages(corpus), config.data)
     return build_questions(val_passages, tools.service.backend, config.data)
 
@@ -493,12 +493,12 @@ def warm_start(model_dir: str | Path, corpus: str | Path, out_dir: str | Path, *
     """Warm-start the checkpoint in ``model_dir`` on synthetic search-then-answer trajectories; save to ``out_dir``.
 
     Args:
-        model_dir: a Hugging Face causal-LM checkpoint with its tokenizer (e.g. ``igpo.tiny_model`` output).
+        model_dir: a Hugging Face causal-LM checkpoint with its tokenizer (e.g. ``igpo.demo.tiny_model`` output).
         corpus: the local JSONL corpus the demo's tool server searches.
         out_dir: where the trained checkpoint + tokenizer go; returned unchanged when its stamp matches the inputs.
         seconds, seed: when given, override ``config.seconds`` / ``config.seed`` (the CLI's knobs).
         config: everything else; defaults to ``WarmStartConfig()`` (the CPU demo's sizes).
-        world: a ``igpo.demo_world.World`` whose corpus ``corpus`` is: train on its questions with the imperfect
+        world: a ``igpo.demo.world.World`` whose corpus ``corpus`` is: train on its questions with the imperfect
             policy of ``demo_world.warm_start_plan`` instead of the corpus-title questions.
     Returns:
         ``out_dir``, loadable with ``AutoModelForCausalLM`` / ``AutoTokenizer``. Its stamp holds the loss curve.
@@ -512,7 +512,7 @@ def warm_start(model_dir: str | Path, corpus: str | Path, out_dir: str | Path, *
     model_dir, corpus, out_dir = Path(model_dir), Path(corpus), Path(out_dir)
     if not (model_dir / "config.json").is_file():
         raise FileNotFoundError(f"warm-start: {model_dir} is not a Hugging Face checkpoint (no config.json); build "
-                                "one with python -m igpo.tiny_model --out DIR --corpus FILE")
+                                "one with python -m igpo.demo.tiny_model --out DIR --corpus FILE")
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     tools = LocalTools(corpus, config.topk)
     try:
@@ -708,7 +708,7 @@ def main() -> None:
     import argparse
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--base", required=True, help="checkpoint to start from (python -m igpo.tiny_model output)")
+    parser.add_argument("--base", required=True, help="checkpoint to start from (python -m igpo.demo.tiny_model output)")
     parser.add_argument("--corpus", required=True, help="JSONL corpus, e.g. data/wiki_passages_1000.jsonl")
     parser.add_argument("--out", required=True, help="output checkpoint directory (reused when up to date)")
     parser.add_argument("--steps", type=int, default=None,
@@ -719,13 +719,13 @@ def main() -> None:
     parser.add_argument("--eval", type=int, default=0, metavar="N",
                         help="also roll out N held-out questions with the base and the warm-started model")
     parser.add_argument("--world-seed", type=int, default=None,
-                        help="train on the practice world of the generated world of this seed (igpo.demo_world; "
+                        help="train on the practice world of the generated world of this seed (igpo.demo.world; "
                              "--corpus is its practice_corpus.jsonl) instead of the corpus-title questions")
     args = parser.parse_args()
     config = WarmStartConfig(max_steps=args.steps or WarmStartConfig.max_steps)
     world = None
     if args.world_seed is not None:
-        from igpo.demo_world import WorldConfig, build_world, practice_world, warm_start_config
+        from igpo.demo.world import WorldConfig, build_world, practice_world, warm_start_config
 
         # Trained on the practice world (same names, other facts): --corpus is its practice_corpus.jsonl.
         world = practice_world(build_world(WorldConfig(seed=args.world_seed)), args.world_seed)

@@ -16,11 +16,11 @@ distractors; the demo's tool server returns the top hit (``TOPK``). Questions, w
     two hops  Headquarters city of the employer of @Talven  -> Vesk       (search @Talven, then #Quorvane)
 
 People are split into training and held-out validation people (validation asks about people RL never trained on).
-The demo model never sees this world's facts before RL: it is warm-started (igpo/warmstart.py) on a practice world
+The demo model never sees this world's facts before RL: it is warm-started (igpo/demo/warmstart.py) on a practice world
 (``practice_world``: the same names, facts drawn anew) into the imperfect policy of ``warm_start_plan``: it often
 answers at once with a guess and rarely makes the second hop, so RL has something to learn, and information gain
 has turns that did and did not find the answer. What it can do from the start is copy a name it has just read into
-a query or an answer (``igpo.tiny_model.pretrain_copy``), the one skill of a pretrained LM the demo relies on.
+a query or an answer (``igpo.demo.tiny_model.pretrain_copy``), the one skill of a pretrained LM the demo relies on.
 """
 
 from __future__ import annotations
@@ -188,8 +188,8 @@ def warm_start_plan(world: World, question: Question, rng: random.Random, *, p_n
 
 
 def warm_start_config(max_steps: int | None = None):
-    """The ``igpo.warmstart.WarmStartConfig`` of the demo model: the demo's agent settings."""
-    from igpo.warmstart import WarmStartConfig
+    """The ``igpo.demo.warmstart.WarmStartConfig`` of the demo model: the demo's agent settings."""
+    from igpo.demo.warmstart import WarmStartConfig
 
     return WarmStartConfig(max_steps=max_steps or WARM_START_STEPS, lr=WARM_START_LR, max_turns=MAX_TURNS,
                            max_tokens_per_turn=MAX_TOKENS_PER_TURN, max_observation_tokens=MAX_OBSERVATION_TOKENS,
@@ -201,7 +201,7 @@ def to_table(questions: list[Question], split: str):
     """verl RL rows (the schema of data/train_nq_256.parquet) as a pyarrow table."""
     import pyarrow as pa
 
-    from igpo.demo_data import parquet_schema
+    from igpo.demo.titles import parquet_schema
 
     rows = [{
         "data_source": f"{DATA_SOURCE}_{q.kind}",
