@@ -16,7 +16,7 @@ Outputs (``--out``, default ``results/cpu_compare``):
     runs/<method>-s<seed>/   each run's train.log and tool-server log (checkpoints are not kept)
 
 Usage:
-    python scripts/compare_methods.py                      # grpo igpo infopo arpo, seeds 0 1 2, 6 steps
+    python scripts/compare_methods.py                      # grpo igpo infopo arpo, seeds 0 1 2, 20 steps, val every 10
     python scripts/compare_methods.py --methods grpo,igpo --seeds 0,1,2,3 --steps 10 -- data.train_batch_size=8
 Everything after ``--`` is passed to every run (Hydra overrides). A failed run stops the script with its log tail;
 ``--resume`` keeps finished runs (a run directory with a parsed final step) and runs only the missing ones.
