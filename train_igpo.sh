@@ -101,6 +101,9 @@ else
                             --out "$ROOT/.cache/tiny_demo_warm" 2>>"$PREP_LOG" | tail -n 1) \
             || { echo "igpo: building the demo model failed; see $PREP_LOG:"; tail -n 20 "$PREP_LOG"; exit 1; }
         grep "time cap stopped training" "$PREP_LOG" | sed 's/^/igpo: /' || true
+        # Which model this run trains: the build is seeded and single-machine deterministic (same digest on every
+        # rebuild here); another CPU type may round differently and print another digest (README "CPU demo").
+        echo "igpo: demo model sha256 $(sha256sum "$MODEL_PATH/model.safetensors" | cut -c1-16)"
     fi
     TRAIN_FILE="${TRAIN_FILE:-$WORLD/train.parquet}"
     VAL_FILE="${VAL_FILE:-$WORLD/val.parquet}"
@@ -180,7 +183,7 @@ set +e
     algorithm.igpo.agent.tool_server_url="$TOOL_SERVER_URL" \
     trainer.default_local_dir="$RUN_DIR/checkpoints" \
     "${OVERRIDES[@]}" "${ARGS[@]}" 2>&1 | tee "$LOG" \
-    | grep --line-buffered -E "step:[0-9]+ -|igpo: (configuration error|plan|note|tool budget)|Error executing job" \
+    | grep --line-buffered -E "step:[0-9]+ -|igpo: (configuration error|plan|note|tool budget|warning)|Error executing job" \
     | awk '!match($0, /step:[0-9]+ -/) { print; fflush(); next }
            { line = "igpo: " substr($0, RSTART, RLENGTH - 2)
              # step i/N and the ETA (progress/* metrics of the trainer)
@@ -190,7 +193,7 @@ set +e
                  line = line sprintf("  ETA %dh%02dm%02ds", eta / 3600, (eta % 3600) / 60, eta % 60)
              }
              n = split("critic/score/mean igpo/ig_active_ratio igpo/raw_ig_mean igpo/turns_mean val-core/all/f1 " \
-                       "timing_s/step tools/calls tools/cost_usd", keys, " ")
+                       "health/wellformed_call_share timing_s/step tools/calls tools/cost_usd", keys, " ")
              for (i = 1; i <= n; i++) if (match($0, keys[i] ":[^ ]+")) {
                  value = substr($0, RSTART + length(keys[i]) + 1, RLENGTH - length(keys[i]) - 1)
                  if (value ~ /^-?[0-9.]+([eE][-+]?[0-9]+)?$/) value = sprintf("%.3g", value)

@@ -128,7 +128,7 @@ class RolloutScoringConfig:
 
     INFO_GAIN_KEYS = (
         "info_gain_type", "ig_tool_filter", "ig_compute_freq", "use_format_penalty", "format_penalty_scale",
-        "answer_alias",
+        "answer_alias", "ig_turns",
     )
 
     def __post_init__(self):

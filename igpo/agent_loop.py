@@ -33,6 +33,7 @@ propagates.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import itertools
 import logging
 import math
@@ -204,6 +205,16 @@ class _Settings:
     agent: AgentLoopConfig
     scoring: RolloutScoringConfig
     info_gain: InfoGainConfig | None
+    seed: int | None = None
+
+
+def request_seed(*parts: Any) -> int:
+    """A sampling seed (63 bits) that depends only on ``parts``: the run's seed, the step, the prompt's uid, the
+    trajectory's stream (session or ARPO tree index), the turn and the resample attempt. The engine samples each
+    request from its own generator seeded with it (vLLM's per-request ``seed``; the CPU hf server likewise), so a
+    trajectory's tokens do not depend on which other requests shared its batch or arrived first."""
+    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1
 
 
 @dataclass
@@ -245,7 +256,8 @@ def _settings_for(trainer_config: Any) -> _Settings:
     agent = AgentLoopConfig.from_dict(igpo.get("agent"))
     scoring = RolloutScoringConfig.from_dict(igpo)
     info_gain = InfoGainConfig(**dict(scoring.info_gain)) if scoring.score_on == "rollout" else None
-    settings = _Settings(agent, scoring, info_gain)
+    seed = trainer_config.get("seed")
+    settings = _Settings(agent, scoring, info_gain, None if seed is None else int(seed))
     _SETTINGS[id(trainer_config)] = (trainer_config, settings)
     return settings
 
@@ -283,6 +295,7 @@ class _Trajectory:
     """Everything one rollout accumulates; turned into an ``AgentLoopOutput`` at the end."""
 
     request_id: str
+    seed_key: tuple | None = None  # (run seed, step, uid, stream): per-request sampling seeds (``request_seed``)
     prompt_len: int = 0
     context: list[int] = field(default_factory=list)
     mask: list[int] = field(default_factory=list)
@@ -354,6 +367,16 @@ class IGPOAgentLoop(AgentLoopBase):
             )
         self._tool_caller = tool_caller
         self._system_prompt = self.cfg.system_prompt or protocol.DEFAULT_SYSTEM_PROMPT
+        self._seed_stream: int | None = None  # the ARPO tree sets its member's index; else the session id
+
+    def _seed_key(self, kwargs: dict[str, Any]) -> tuple | None:
+        """What makes this trajectory's sampling reproducible: the run's ``seed``, the step, the prompt's uid (made
+        deterministic by the trainer) and the trajectory's stream. None (engine-random sampling) without a seed or
+        without verl's v1 session id."""
+        stream = self._seed_stream if self._seed_stream is not None else kwargs.get("session_id")
+        if self.settings.seed is None or stream is None or kwargs.get("uid") is None:
+            return None
+        return (self.settings.seed, _batch_key(kwargs), str(kwargs["uid"]), int(stream))
 
     # ------------------------------------------------------------------ entry point
 
@@ -362,7 +385,7 @@ class IGPOAgentLoop(AgentLoopBase):
         key = _batch_key(kwargs)
         progress = state.batches.setdefault(key, _BatchProgress())
         progress.started += 1
-        traj = _Trajectory(request_id=uuid4().hex)
+        traj = _Trajectory(request_id=uuid4().hex, seed_key=self._seed_key(kwargs))
         try:
             async with self._slot(state):
                 await self._rollout(traj, sampling_params, kwargs, progress)
@@ -404,7 +427,7 @@ class IGPOAgentLoop(AgentLoopBase):
             messages.insert(0, {"role": "system", "content": self._system_prompt})
         probes = self._probes(kwargs) if self.settings.info_gain is not None else None
         aliases = _aliases(kwargs)
-        max_turns = self._draw_max_turns()
+        max_turns = self._draw_max_turns(traj.seed_key)
 
         prompt_ids = self._render_prompt(messages)
         reason = "max_turns" if max_turns == 1 else "cutoff" if progress.cut else None
@@ -521,6 +544,8 @@ class IGPOAgentLoop(AgentLoopBase):
         params = {**sampling_params, "max_tokens": max_tokens}
         attempt = 0
         while True:
+            if traj.seed_key is not None:
+                params["seed"] = request_seed(*traj.seed_key, len(traj.boundaries), attempt)
             start = time.perf_counter()
             out = await self.server_manager.generate(
                 request_id=traj.request_id, prompt_ids=traj.context, sampling_params=params
@@ -590,11 +615,12 @@ class IGPOAgentLoop(AgentLoopBase):
         observation = self.cfg.max_observation_tokens + self.frame.max_frame_len
         return context_len + turn + observation + turn <= limit
 
-    def _draw_max_turns(self) -> int:
+    def _draw_max_turns(self, seed_key: tuple | None = None) -> int:
         jitter = self.cfg.max_turns_jitter
         if jitter == 0:
             return self.cfg.max_turns
-        return max(1, self.cfg.max_turns + int((2.0 * random.random() - 1.0) * jitter))
+        draw = random.Random(request_seed(*seed_key, "max_turns")).random() if seed_key else random.random()
+        return max(1, self.cfg.max_turns + int((2.0 * draw - 1.0) * jitter))
 
     def _render_prompt(self, messages: list[dict[str, Any]]) -> list[int]:
         text = self.tokenizer.apply_chat_template(
@@ -616,7 +642,8 @@ class IGPOAgentLoop(AgentLoopBase):
         if probes is None:
             return
         # Boundary s depends only on turn s-1's tool; the placeholder stands for turn s (not known yet).
-        scored = scored_boundaries([traj.tool_names[:turn] + [None]], self.settings.info_gain)[0][turn]
+        scored = scored_boundaries([traj.tool_names[:turn] + [None]], self.settings.info_gain,
+                                   [traj.tool_status[:turn] + ["none"]])[0][turn]
         if not scored:
             return
         longest = boundary + max(len(p.token_ids) for p in probes)

@@ -224,7 +224,7 @@ class _TreeMember(IGPOAgentLoop):
     def _slot(self, state: Any) -> Any:
         return _NoLimit()
 
-    def _draw_max_turns(self) -> int:
+    def _draw_max_turns(self, seed_key: tuple | None = None) -> int:
         return self._arpo_max_turns
 
 
@@ -258,6 +258,7 @@ class PromptTree:
             (lambda: real_tools) if real_tools is not None
             else (lambda: _shared_tool_client(t.cfg.tool_server_url, t.cfg.tool_timeout_s)), member)
         loop._arpo_max_turns = member.max_turns
+        loop._seed_stream = record.index  # a branch samples its own live turns, not its source's
         member.task = asyncio.create_task(IGPOAgentLoop.run(loop, self.sampling_params, **self.kwargs))
         member.task.add_done_callback(lambda _task, m=member: _resolve(m.stop))
         return member

@@ -33,7 +33,7 @@ import time
 import numpy as np
 import ray
 import torch
-from tensordict import TensorDict
+from tensordict import NonTensorStack, TensorDict
 
 import transfer_queue as tq
 from verl.trainer.ppo.v1.trainer_base import register_trainer
@@ -50,6 +50,7 @@ from igpo.core.infopo import ContinuationRequest, InfoPOInputs, infopo_advantage
 from igpo.core.ground_truth import answer_probes
 from igpo.core.scoring import validate_request
 from igpo.core.advantage import WarmupGate, advantage_at_boundaries, curriculum_weights, last_response_token
+from igpo.core.health import HealthConfig, HealthMonitor, turn_health
 from igpo.core.infra import InfraMask, infra_mask
 from igpo.core.info_gain import ig_by_answer_seen, penalty_into_ig_pool, reduce_alias_logprobs, scored_boundaries, \
     turn_boundaries, turn_format_penalty, turn_information_gain
@@ -57,6 +58,20 @@ from igpo.core.info_gain import ig_by_answer_seen, penalty_into_ig_pool, reduce_
 logger = logging.getLogger(__name__)
 
 STATE_FILE = "igpo_state.json"
+
+
+def prompt_uid(step: int, number: int) -> str:
+    """A prompt's uid: the step it was drawn for and its number in the run (no '_': verl splits keys on it)."""
+    return f"s{int(step):07d}p{int(number):09d}"
+
+
+def trajectory_order(key: str) -> tuple:
+    """Sort key of a TransferQueue trajectory key ``{uid}_{session}_{index}``: uid, then session and index as numbers
+    (so that session 10 follows 9); a key of another shape sorts by itself."""
+    parts = str(key).rsplit("_", 2)
+    if len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit():
+        return (parts[0], int(parts[1]), int(parts[2]))
+    return (str(key), -1, -1)
 
 
 def _turn_tensors(extras: list[dict], length: int, alias_mode: str):
@@ -175,6 +190,24 @@ class IGPOTrainerSync(PPOTrainerSync):
                              "arpo_agent (bash train_igpo.sh / python -m igpo.main do it for igpo_agent).")
         self._tool_stats: dict | None = None  # the tool server's /stats at the end of the previous step
         self._step_seconds: list[float] = []  # wall time of each step of this process (for the ETA)
+        self._prompts_fetched = 0  # numbers the deterministic prompt uids (_fetch_one_gen_batch)
+        self.health = HealthMonitor(HealthConfig.from_dict(_plain(config.trainer.get("health", None))))
+
+    # ---- one seed, one run -----------------------------------------------------------------------------------------
+
+    def _fetch_one_gen_batch(self):
+        """verl's batch with uids that depend only on the step and the prompt's place in it (verl draws uuid4s):
+        the agent loop's per-request sampling seeds and the batch order below are keyed by them."""
+        batch = super()._fetch_one_gen_batch()
+        start, self._prompts_fetched = self._prompts_fetched, self._prompts_fetched + len(batch)
+        batch["uid"] = NonTensorStack(*[prompt_uid(self.global_steps, start + i) for i in range(len(batch))])
+        return batch
+
+    def _balance_batch(self, batch, metrics, *args, **kwargs):
+        """verl's balancing from a fixed starting order: TransferQueue returns trajectories in the order they
+        finished, which varies run to run and would change mini-batches, micro-batches and their sums."""
+        batch.reorder(sorted(range(len(batch.keys)), key=lambda i: trajectory_order(batch.keys[i])))
+        return super()._balance_batch(batch, metrics, *args, **kwargs)
 
     def _infra_failure_policy(self, estimator: str) -> str:
         """``algorithm.igpo.infra_failure`` resolved for this estimator (unset: mask_trajectory where we compute the
@@ -405,7 +438,8 @@ class IGPOTrainerSync(PPOTrainerSync):
             extras, L, self.igpo.info_gain.answer_alias)
         T = turn_ends.shape[1]
         scored = torch.zeros(B, T, dtype=torch.bool)
-        for i, row in enumerate(scored_boundaries(tool_names, self.igpo.info_gain)):
+        statuses = [list(e.get("igpo_tool_status") or [])[:len(names)] for e, names in zip(extras, tool_names)]
+        for i, row in enumerate(scored_boundaries(tool_names, self.igpo.info_gain, statuses)):
             scored[i, :len(row)] = torch.tensor(row, dtype=torch.bool)
         if self.igpo.score_on == "actor":
             boundary_lp = score_on_actor(scored, num_turns)
@@ -628,6 +662,26 @@ class IGPOTrainerSync(PPOTrainerSync):
             metrics["igpo/scoring_step_share"] = metrics["timing_s/igpo_scoring"] / timing_raw["step"]
         metrics.update(self._progress_metrics(timing_raw))
         self._record_tool_spend(metrics)
+        self._check_health(metrics)
+
+    def _check_health(self, metrics: dict) -> None:
+        """The early warning (``igpo.core.health``): one ``igpo: warning:`` line per finding, into the training log
+        and the launcher's terminal; with ``trainer.health.stop_after`` consecutive warning steps, a checkpoint and a
+        clean stop after this step."""
+        step, total = int(self.global_steps), int(self.total_training_steps)
+        for warning in self.health.update(step, metrics):
+            print(f"igpo: warning: {warning}", flush=True)
+        metrics["health/warning_streak"] = float(self.health.strikes)
+        if self.health.should_stop and step < total:
+            if not (int(self.config.trainer.save_freq) > 0 and step % int(self.config.trainer.save_freq) == 0):
+                self._save_checkpoint()
+            metrics["training/stopped_on_health"] = 1.0
+            self.total_training_steps = step  # verl's loop ends after logging this step
+            folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{step}")
+            print(f"igpo: warning: stopping after step {step}/{total}: {self.health.strikes} consecutive steps with "
+                  f"health warnings (trainer.health.stop_after={self.health.config.stop_after}); checkpoint {folder}. "
+                  "Inspect the rollouts (trainer.rollout_data_dir) before resuming with trainer.resume_mode=auto.",
+                  flush=True)
 
     # ---- progress, tool spend and budgets ----------------------------------------------------------------------
 
@@ -708,6 +762,7 @@ class IGPOTrainerSync(PPOTrainerSync):
             "igpo/cutoff_ratio": share("igpo_cutoff"),
             "igpo/truncated_ratio": share("igpo_truncated"),
             "igpo/context_overflow_ratio": share("igpo_context_overflow"),
+            **turn_health(e.get("igpo_tool_status") for e in extras),
         }
 
     # ---- checkpointed state ------------------------------------------------------------------------------------
@@ -741,7 +796,7 @@ class IGPOTrainerSync(PPOTrainerSync):
         path = os.path.join(folder, STATE_FILE)
         report = self._checkpoint_report()
         with open(path + ".tmp", "w") as handle:
-            json.dump({"warmup_gate": self.warmup.state_dict(), "saved": report}, handle)
+            json.dump({"warmup_gate": self.warmup.state_dict(), "health": self.health.state(), "saved": report}, handle)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(path + ".tmp", path)
@@ -766,7 +821,9 @@ class IGPOTrainerSync(PPOTrainerSync):
         path = os.path.join(folder, STATE_FILE)
         if os.path.isfile(path):
             with open(path) as handle:
-                self.warmup.load_state_dict(json.load(handle).get("warmup_gate", {}))
+                state = json.load(handle)
+            self.warmup.load_state_dict(state.get("warmup_gate", {}))
+            self.health.load(state.get("health", {}))
         else:
             logger.warning("igpo: no %s in %s; the IG warm-up gate restarts from scratch", STATE_FILE, folder)
         logger.warning("igpo: resumed from %s: %s", folder, json.dumps(self._checkpoint_report(), sort_keys=True))

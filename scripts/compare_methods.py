@@ -81,7 +81,8 @@ def run_one(run: Run, steps: int, val_every: int, extra: list[str], timeout_s: f
     run.directory.mkdir(parents=True, exist_ok=True)
     overrides = METHODS[run.method] + [
         f"trainer.total_training_steps={steps}", "trainer.val_before_train=true", f"trainer.test_freq={val_every}",
-        f"data.seed={run.seed}", f"algorithm.arpo.seed={run.seed}", "trainer.save_freq=-1",
+        # One seed feeds every random source (configs/igpo_base.yaml): methods at the same seed share step 1.
+        f"seed={run.seed}", "trainer.save_freq=-1",
     ] + extra
     env = {**os.environ, "OUTPUT_DIR": str(run.directory), "IGPO_DEVICE": "cpu"}
     env.pop("TOOL_SERVER_URL", None)

@@ -37,6 +37,51 @@ def test_hf_server_logprobs_match_a_plain_forward(tiny_model_dir):
         assert torch.allclose(torch.tensor([v[0] for v in prompt_lp[:-1]]), expected_prompt, atol=1e-4)
 
 
+def test_a_request_seed_fixes_its_tokens_whatever_shares_its_batch(tiny_model_dir):
+    """vLLM's per-request ``seed``: the same prompt and seed give the same tokens alone or batched with other
+    requests; another seed gives other tokens; unseeded requests still sample."""
+    from igpo.cpu.hf_rollout import HFRolloutServer
+
+    server = HFRolloutServer(str(tiny_model_dir), max_model_len=256, response_length=24, seed=0)
+    prompt = [5, 17, 300, 42]
+    params = {"temperature": 1.0, "top_p": 1.0, "max_tokens": 24}
+
+    async def generate(requests):
+        return await asyncio.gather(*[server.generate(p, dict(params, **extra), request_id=str(i))
+                                      for i, (p, extra) in enumerate(requests)])
+
+    async def run():  # one event loop: the server's request queue lives on it
+        alone = (await generate([(prompt, {"seed": 11})]))[0].token_ids
+        crowd = await generate([([9, 8, 7, 6, 5, 4, 3, 2], {"seed": 1}), (prompt, {"seed": 11}), ([3, 4], {})])
+        others = await generate([(prompt, {"seed": s}) for s in range(6)])
+        return alone, crowd, others
+
+    alone, crowd, others = asyncio.run(run())
+    assert crowd[1].token_ids == alone
+    assert len({tuple(out.token_ids) for out in others}) > 1
+
+
+def test_inverse_cdf_sampling_follows_the_filtered_distribution():
+    """_sample draws token k with its top-k/top-p-filtered probability (checked against the exact probabilities on
+    20,000 uniform draws); temperature 0 is greedy."""
+    from igpo.cpu.hf_rollout import _sample
+
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    n = 20000
+    uniform = torch.rand(n, generator=torch.Generator().manual_seed(0))
+
+    def frequencies(top_p, top_k, temperature=1.0):
+        rows = logits.expand(n, -1)
+        chosen = _sample(rows, torch.full((n,), temperature), torch.full((n,), top_p),
+                         torch.full((n,), top_k, dtype=torch.long), uniform)
+        return torch.bincount(chosen, minlength=4).float() / n
+
+    assert torch.allclose(frequencies(1.0, -1), torch.tensor([0.5, 0.3, 0.15, 0.05]), atol=0.015)
+    assert torch.allclose(frequencies(1.0, 2), torch.tensor([0.625, 0.375, 0.0, 0.0]), atol=0.015)
+    assert torch.allclose(frequencies(0.7, -1), torch.tensor([0.625, 0.375, 0.0, 0.0]), atol=0.015)
+    assert frequencies(1.0, -1, temperature=0.0).tolist() == [1.0, 0.0, 0.0, 0.0]
+
+
 def test_hf_server_rejects_a_prompt_that_fills_the_context(tiny_model_dir):
     import pytest
 

@@ -1,6 +1,7 @@
 """End to end on CPU: `bash train_igpo.sh` runs verl's Ray trainer with our estimator, agent loop, trainer mode,
 CPU backend and tool server, and reports IGPO metrics. Guarded: the whole process group dies on timeout."""
 
+import math
 import os
 import re
 import subprocess
@@ -45,7 +46,7 @@ def test_train_igpo_sh_runs_two_steps_with_information_gain(tmp_path):
     assert "igpo: step:1" in out and "igpo: step:2" in out, out[-3000:]
     assert "answer scoring on the actor" in out, out[-3000:]
     ratios = [float(v) for v in re.findall(r"igpo/ig_active_ratio:([0-9.eE+-]+)", log)]
-    assert ratios and max(ratios) > 0, "no trajectory carried information gain"
+    assert len(ratios) == 2 and min(ratios) > 0.05, f"too few trajectories carried information gain: {ratios}"
     raw_ig = [float(v) for v in re.findall(r"igpo/raw_ig_mean:([0-9.eE+-]+)", log)]
     assert len(raw_ig) == 2 and all(abs(v) < 50 for v in raw_ig), raw_ig
     tokens = [float(v) for v in re.findall(r"igpo/scoring_tokens:([0-9.eE+-]+)", log)]
@@ -117,7 +118,7 @@ def test_train_igpo_sh_runs_infopo(tmp_path):
     assert max(values("scored_turns")) > 0, "no turn was scored"
     assert values("failed_turns") == [0.0, 0.0]
     assert min(values("counterfactual_tokens")) <= min(values("counterfactual_tokens_unshared"))
-    assert all(v == v for v in values("intrinsic_raw_std"))  # finite
+    assert len(values("intrinsic_raw_std")) == 2 and all(math.isfinite(v) for v in values("intrinsic_raw_std"))
 
 
 def test_missing_model_path_is_a_clear_error():

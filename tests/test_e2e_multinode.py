@@ -112,7 +112,8 @@ def test_two_nodes_one_actor_rank_each_with_our_plugin(tmp_path, two_node_cluste
     # turns, and the actor ranks on both nodes scored answers for IGPO's information gain.
     assert "igpo: step:1" in out and "igpo: step:2" in out, out[-3000:]
     turns = [float(v) for v in re.findall(r"igpo/turns_mean:([0-9.eE+-]+)", log)]
-    assert len(turns) == 2 and min(turns) >= 1, turns
+    # Every trajectory has at least one turn and no more than the demo's max_turns (4): the loop ran, within its bound.
+    assert len(turns) == 2 and all(1 <= t <= 4 for t in turns), turns
     tokens = [float(v) for v in re.findall(r"igpo/scoring_tokens:([0-9.eE+-]+)", log)]
     assert len(tokens) == 2 and min(tokens) > 0, tokens
     assert [float(v) for v in re.findall(r"igpo/scoring_errors:([0-9.eE+-]+)", log)] == [0.0, 0.0]

@@ -38,7 +38,7 @@ def _random_rollouts(B, S, seed, nan_frac=0.15):
 @pytest.mark.parametrize("filt,freq", [((), 1), (("visit",), 1), ((), 2), (("visit", "search"), 3)])
 def test_recurrence_matches_reference(ig_type, filt, freq):
     B, S = 40, 9
-    cfg = InfoGainConfig(info_gain_type=ig_type, ig_tool_filter=filt, ig_compute_freq=freq)
+    cfg = InfoGainConfig(info_gain_type=ig_type, ig_tool_filter=filt, ig_compute_freq=freq, ig_turns="all")
     num_turns, tool_names, lp = _random_rollouts(B, S, seed=len(filt) * 10 + freq)
     scored_lists = scored_boundaries(tool_names, cfg)
     scored = torch.zeros(B, S, dtype=torch.bool)
@@ -63,10 +63,23 @@ def test_recurrence_matches_reference(ig_type, filt, freq):
 
 
 def test_scored_boundaries_rule():
-    cfg = InfoGainConfig(ig_tool_filter=("visit",), ig_compute_freq=1)
+    cfg = InfoGainConfig(ig_tool_filter=("visit",), ig_compute_freq=1, ig_turns="all")
     assert scored_boundaries([["search", "Visit", None, "visit"]], cfg) == [[True, False, True, False]]
-    cfg = InfoGainConfig(ig_tool_filter=(), ig_compute_freq=2)
+    cfg = InfoGainConfig(ig_tool_filter=(), ig_compute_freq=2, ig_turns="all")
     assert scored_boundaries([["a", "b", "c", "d", "e"], []], cfg) == [[True, False, True, False, True], []]
+
+
+def test_reached_rule_scores_only_after_calls_that_reached_a_tool():
+    """ig_turns=reached (default): a malformed call (name None), an unknown tool, a repeated call and an
+    infrastructure failure leave the next boundary unscored; ok and no_results score it."""
+    names = [["search", None, "serch", "search", "search", "search", None]]
+    status = [["ok", "malformed", "bad_request", "duplicate", "infra_error", "no_results", "answer"]]
+    assert scored_boundaries(names, InfoGainConfig(), status) == [[True, True, False, False, False, False, True]]
+    assert scored_boundaries(names, InfoGainConfig(ig_turns="all"), status) == [[True] * 7]
+    with pytest.raises(ValueError, match="tool_status"):
+        scored_boundaries(names, InfoGainConfig())
+    with pytest.raises(ValueError, match="ig_turns"):
+        InfoGainConfig(ig_turns="some")
 
 
 def test_baseline_failure_gives_no_ig_and_failed_boundary_is_zero():
@@ -202,7 +215,7 @@ def test_turn_boundaries_give_the_advantage_of_the_dense_tensors():
 def test_chain_with_nan_logprobs_matches_reference():
     """Rollout -> IG (with NaN boundaries) -> placement -> advantage equals the per-sample reference chain."""
     B, S, L = 12, 7, 80
-    cfg = InfoGainConfig(ig_tool_filter=("visit",))
+    cfg = InfoGainConfig(ig_tool_filter=("visit",), ig_turns="all")
     num_turns, tool_names, lp = _random_rollouts(B, S, seed=99)
     num_turns = num_turns.clamp(min=1)
     tool_names = [(names + ["visit"] * S)[: int(n)] for names, n in zip(tool_names, num_turns)]

@@ -68,6 +68,9 @@ def _batch(records, length):
     for i, rec in enumerate(records):
         extras.append({
             "igpo_num_turns": len(rec["ends"]), "igpo_turn_ends": list(rec["ends"]), "igpo_tool_names": rec["tools"],
+            # A named tool's call reached it; the last turn is the answer (the records carry no other status).
+            "igpo_tool_status": ["answer" if j == len(rec["tools"]) - 1 else "ok" if name else "malformed"
+                                 for j, name in enumerate(rec["tools"])],
             "igpo_turn_format_ok": rec["format_ok"],
             "igpo_answer_logprobs": [None if math.isnan(lp) else [lp] for lp in rec["logprobs"]],
             "igpo_empty_turns": rec.get("empty", 0)})
@@ -306,12 +309,13 @@ def test_preset_reproduces_the_reference_on_random_batches(preset, seed):
 
 @pytest.mark.parametrize("seed", range(4))
 def test_our_default_is_the_separate_channel_on_random_batches(ours, seed):
-    """Our default (every turn scored, penalty after normalization) against the loop reference of the advantage with
-    a penalty channel, on the same records: each malformed tool turn keeps its IG and adds -1 of its own."""
+    """Our default placement (penalty after normalization; every turn scored via ig_turns=all, as the loop reference
+    scores them) against the loop reference of the advantage with a penalty channel, on the same records: each
+    malformed tool turn keeps its IG and adds -1 of its own."""
     from reference_advantage import reference_info_gain
 
     length, records = 60, random_records(100 + seed)
-    mine, _ = _advantage(_trainer(ours), records, length)
+    mine, _ = _advantage(_trainer(ours, ig_turns="all"), records, length)
     B = len(records)
     rewards, pen = torch.zeros(B, length, dtype=torch.float64), torch.zeros(B, length, dtype=torch.float64)
     F, I = torch.zeros(B, length, dtype=torch.bool), torch.zeros(B, length, dtype=torch.bool)

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from igpo.actor_worker import shard_requests
+from igpo.core.health import HealthMonitor
 from igpo.trainer import _turn_tensors
 
 
@@ -64,13 +65,14 @@ def _trainer(step: int = 1, total: int = 10, **igpo):
     trainer.warmup = WarmupGate(trainer.igpo.ig_warmup_threshold, trainer.igpo.ig_warmup_ema_alpha)
     trainer.infra_failure = trainer.igpo.infra_failure or "mask_trajectory"  # as __init__ resolves it for igpo
     trainer.global_steps, trainer.total_training_steps = step, total
+    trainer.health = HealthMonitor()
     return trainer
 
 
 def _records(logprobs, format_ok=((True, True, True), (True, True, True)), seen=((False, False, False),) * 2,
              outcome=(0.5, 0.5)):
     extras = [{"igpo_num_turns": 3, "igpo_turn_ends": [2, 7, 11], "igpo_tool_names": ["search", "search", None],
-               "igpo_turn_format_ok": list(ok), "igpo_answer_logprobs": [[v] for v in lp], "igpo_answer_seen": list(s)}
+               "igpo_tool_status": ["ok", "ok", "answer"], "igpo_turn_format_ok": list(ok), "igpo_answer_logprobs": [[v] for v in lp], "igpo_answer_seen": list(s)}
               for lp, ok, s in zip(logprobs, format_ok, seen)]
     mask = torch.zeros(2, 12, dtype=torch.bool)
     for start, end in TURN_TOKENS:
@@ -187,6 +189,7 @@ def test_igpo_state_is_complete_before_verl_points_resume_at_the_step(tmp_path, 
     monkeypatch.setattr(PPOTrainerSync, "_save_checkpoint", verl_save)
     trainer._save_checkpoint()
     assert seen["state"]["warmup_gate"] == trainer.warmup.state_dict()
+    assert seen["state"]["health"] == trainer.health.state()
     assert seen["state"]["saved"]["global_step"] == 3
     assert not list(tmp_path.rglob("*.tmp"))
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import asyncio
 import json
 from dataclasses import replace
@@ -199,3 +200,27 @@ def test_measure_reports_on_a_random_model(tiny_model_dir, small_corpus):
     report = warmstart.measure(tiny_model_dir, small_corpus, n=2, config=TEST_CONFIG, max_turns=2)
     assert report.n == 2 and report.search_first == 0.0 and report.found == 0.0 and report.exact == 0.0
     assert report.ig_first_search is None and report.ig_positive is None
+
+
+def test_the_demo_model_build_is_deterministic(small_corpus, tmp_path):
+    """Copy pre-training and warm-start, each built twice from scratch: bit-identical weights (what the launcher's
+    `igpo: demo model sha256 ...` line lets a user compare across rebuilds)."""
+    import hashlib
+
+    from igpo.demo.tiny_model import TinyModelSpec, build_tiny_model
+
+    names = tuple(f"Name{i}" for i in range(8))
+    spec = TinyModelSpec(vocab_size=600, hidden_size=32, intermediate_size=64, num_hidden_layers=1, seed=3,
+                         extra_tokens=names, copy_steps=6)
+    config = dataclasses.replace(TEST_CONFIG, max_steps=6, threads=2)
+
+    def digest(path):
+        return hashlib.sha256((path / "model.safetensors").read_bytes()).hexdigest()
+
+    builds = []
+    for run in ("a", "b"):
+        base = build_tiny_model(tmp_path / run / "base", small_corpus, spec)
+        warm = warmstart.warm_start(base, small_corpus, tmp_path / run / "warm", seconds=120, config=config)
+        builds.append((digest(base), digest(warm)))
+    assert builds[0] == builds[1]
+    assert builds[0][0] != builds[0][1]  # the warm-start changed the weights

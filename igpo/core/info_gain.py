@@ -22,9 +22,11 @@ import torch
 from torch import Tensor
 
 from igpo.core.ground_truth import ALIAS_MODES
+from igpo.core.health import REACHED_STATUSES
 from igpo.core.token_passes import Boundaries
 
 INFO_GAIN_TYPES = ("log_prob_diff", "prob_diff")
+IG_TURNS = ("reached", "all")
 FORMAT_PENALTY_MODES = ("separate_channel", "in_ig_pool")
 
 
@@ -47,6 +49,13 @@ class InfoGainConfig:
             (also on a turn the tool filter left unscored) and is z-scored with the IG values: it enters μ/σ of the
             group's IG positions and the batch scale of scaled_separate.
     answer_alias: ``first`` scores the first alias (paper); ``max`` / ``mean`` reduce l_s over all aliases.
+    ig_turns: which turns may carry IG. ``reached`` (ours): only a turn whose tool call reached a tool and came back
+        with its result (status ok or no_results); a turn that wrote no parsable call, named an unknown tool, repeated
+        a call or hit an infrastructure failure has no IG position, and the next scored turn's IG is measured from
+        the last scored boundary. ``all`` (reference): every turn, also one whose "observation" is our own error
+        message. Why (README "Robust learning"): once a policy stops writing well-formed calls, every group has
+        the same outcome, the outcome advantage is zero, and IG over malformed turns is the only signal left —
+        noise the update then trains on.
     """
 
     info_gain_type: str = "log_prob_diff"
@@ -56,8 +65,12 @@ class InfoGainConfig:
     format_penalty_scale: float = 1.0
     format_penalty_mode: str = "separate_channel"
     answer_alias: str = "first"
+    ig_turns: str = "reached"
 
     def __post_init__(self):
+        if self.ig_turns not in IG_TURNS:
+            raise ValueError(f"ig_turns={self.ig_turns!r} is unknown; use one of {IG_TURNS} (reached: only turns whose "
+                             "tool call reached a tool; all: every turn, as the reference).")
         if self.info_gain_type not in INFO_GAIN_TYPES:
             raise ValueError(f"info_gain_type={self.info_gain_type!r} is unknown; use one of {INFO_GAIN_TYPES}.")
         if isinstance(self.ig_tool_filter, str) or not all(
@@ -78,16 +91,22 @@ class InfoGainConfig:
                              f"{FORMAT_PENALTY_MODES}.")
 
 
-def scored_boundaries(tool_names: list[list[str | None]], cfg: InfoGainConfig) -> list[list[bool]]:
+def scored_boundaries(tool_names: list[list[str | None]], cfg: InfoGainConfig,
+                      tool_status: list[list[str]] | None = None) -> list[list[bool]]:
     """Which boundaries to score, per trajectory (§1.3).
 
     ``tool_names[i][t]`` is the tool called by turn t of trajectory i (None for an answer or malformed turn); the
     trajectory has ``len(tool_names[i])`` turns and as many boundaries. Boundary s is scored iff s == 0 (the baseline)
-    or (s % ig_compute_freq == 0 and (the filter is empty or tool_names[i][s-1].lower() is in it)).
+    or (s % ig_compute_freq == 0 and (the filter is empty or tool_names[i][s-1].lower() is in it) and, with
+    ``ig_turns=reached``, turn s-1's call reached a tool: ``tool_status[i][s-1]`` in ``REACHED_STATUSES``).
     """
+    if cfg.ig_turns == "reached" and tool_status is None:
+        raise ValueError("scored_boundaries: ig_turns='reached' needs each turn's tool_status (the agent loop's "
+                         "igpo_tool_status)")
     filt = frozenset(cfg.ig_tool_filter)
     out = []
-    for names in tool_names:
+    for i, names in enumerate(tool_names):
+        statuses = tool_status[i] if tool_status is not None else []
         row = []
         for s in range(len(names)):
             if s == 0:
@@ -95,7 +114,8 @@ def scored_boundaries(tool_names: list[list[str | None]], cfg: InfoGainConfig) -
                 continue
             prev = names[s - 1]
             tool_ok = not filt or (prev is not None and prev.lower() in filt)
-            row.append(s % cfg.ig_compute_freq == 0 and tool_ok)
+            reached = cfg.ig_turns == "all" or (s - 1 < len(statuses) and statuses[s - 1] in REACHED_STATUSES)
+            row.append(s % cfg.ig_compute_freq == 0 and tool_ok and reached)
         out.append(row)
     return out
 

@@ -39,10 +39,13 @@ class _Request:
     top_k: int
     prompt_logprobs: Optional[int]
     future: asyncio.Future = field(repr=False)
+    seed: Optional[int] = None  # vLLM's per-request seed: this request's tokens come from its own generator
 
 
-def _sample(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
-    """Sample one token per row; rows with temperature 0 are greedy. Vectorised over the batch."""
+def _sample(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor, top_k: torch.Tensor,
+            uniform: torch.Tensor) -> torch.Tensor:
+    """Sample one token per row by inverting the filtered distribution's CDF at ``uniform`` [B] (one draw in [0, 1)
+    per row, from the row's own generator); rows with temperature 0 are greedy. Vectorised over the batch."""
     greedy = logits.argmax(-1)
     scaled = logits / temperature.clamp_min(1e-5)[:, None]
     vocab = logits.shape[-1]
@@ -52,8 +55,9 @@ def _sample(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor
     probs = sorted_logits.softmax(-1)
     # Keep the smallest prefix whose mass reaches top_p (the top token always survives), within top_k.
     keep = ((probs.cumsum(-1) - probs) < top_p[:, None]) & (ranks < k[:, None])
-    sorted_logits = sorted_logits.masked_fill(~keep, float("-inf"))
-    choice = torch.multinomial(sorted_logits.softmax(-1), 1).squeeze(-1)
+    cdf = sorted_logits.masked_fill(~keep, float("-inf")).softmax(-1).cumsum(-1)
+    choice = torch.searchsorted(cdf, (uniform * cdf[:, -1])[:, None], right=True).squeeze(-1)
+    choice = torch.minimum(choice, keep.sum(-1) - 1)  # rounding at the top of the CDF stays on a kept token
     sampled = sorted_idx.gather(-1, choice[:, None]).squeeze(-1)
     return torch.where(temperature > 0, sampled, greedy)
 
@@ -61,7 +65,8 @@ def _sample(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor
 class HFRolloutServer:
     """Token-in-token-out generation with a transformers causal LM; one instance per rollout replica."""
 
-    def __init__(self, model_path: str, max_model_len: int, response_length: int, dtype: str = "float32"):
+    def __init__(self, model_path: str, max_model_len: int, response_length: int, dtype: str = "float32",
+                 seed: int = 0):
         from transformers import AutoModelForCausalLM
 
         torch.set_num_threads(max(1, int(os.environ.get("IGPO_CPU_ROLLOUT_THREADS", "1"))))
@@ -72,6 +77,8 @@ class HFRolloutServer:
         self.max_model_len = max_model_len
         self.response_length = response_length
         self.global_steps: Optional[int] = None
+        # Requests without their own seed draw from this one (vLLM's engine seed, rollout.seed).
+        self._generator = torch.Generator().manual_seed(int(seed))
         self._queue: asyncio.Queue[_Request] | None = None
         self._worker: asyncio.Task | None = None
 
@@ -112,6 +119,7 @@ class HFRolloutServer:
             top_k=int(sampling_params.get("top_k", -1) or -1),
             prompt_logprobs=sampling_params.get("prompt_logprobs"),
             future=asyncio.get_running_loop().create_future(),
+            seed=None if sampling_params.get("seed") is None else int(sampling_params["seed"]),
         )
         await self._queue.put(request)
         token_ids, log_probs, stop_reason, prompt_lp = await request.future
@@ -156,6 +164,7 @@ class HFRolloutServer:
         top_p = torch.tensor([r.top_p for r in batch])
         top_k = torch.tensor([r.top_k for r in batch])
         max_tokens = torch.tensor([r.max_tokens for r in batch])
+        generators = [self._generator if r.seed is None else torch.Generator().manual_seed(r.seed) for r in batch]
 
         cache = DynamicCache()
         out = self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions,
@@ -172,7 +181,8 @@ class HFRolloutServer:
             # Log-probs of the sampled tokens under logits / temperature, as verl's actor computes them.
             scale = torch.where(temperature > 0, temperature, torch.ones_like(temperature))
             log_softmax = (logits / scale[:, None]).log_softmax(-1)
-            chosen = _sample(logits, temperature, top_p, top_k)
+            uniform = torch.cat([torch.rand(1, generator=g, dtype=torch.float64) for g in generators])
+            chosen = _sample(logits, temperature, top_p, top_k, uniform.to(logits.dtype))
             chosen_lp = log_softmax.gather(-1, chosen[:, None]).squeeze(-1)
             for row in torch.nonzero(~done).flatten().tolist():
                 tokens[row].append(int(chosen[row]))
@@ -263,6 +273,7 @@ class HFReplica(RolloutReplica):
             model_path=self.model_config.get("local_path") or self.model_config.get("path"),
             max_model_len=int(self.config.max_model_len or (self.config.prompt_length + self.config.response_length)),
             response_length=int(self.config.response_length),
+            seed=int(self.config.get("seed") or 0),
         )
         self.servers = [server]
         self._server_handle = server

@@ -70,6 +70,8 @@ class TinyModelSpec:
         return digest.hexdigest()[:16]
 
 
+BUILD_THREADS = 2  # torch threads of the copy pre-training (the warm-start's WarmStartConfig.threads is 2 as well)
+
 # The CPU demo's policy (bash train_igpo.sh without a GPU): ~1.6M parameters, copy pre-trained, ~6 s per RL step of
 # 32 trajectories on two cores. Its extra tokens come from the demo world (vocabulary.txt).
 DEMO_SPEC = TinyModelSpec(vocab_size=2048, hidden_size=128, intermediate_size=384, num_hidden_layers=4,
@@ -183,7 +185,14 @@ def build_tiny_model(out_dir: str | Path, corpus: str | Path, spec: TinyModelSpe
         if not spec.extra_tokens:
             raise ValueError("tiny model: copy_steps needs extra_tokens (the entities to copy), e.g. the demo world's "
                              "vocabulary.txt")
-        copy_report = pretrain_copy(model, tokenizer, spec.extra_tokens, spec.copy_steps, seed=spec.seed)
+        # A fixed thread count: a reduction split over another number of threads rounds differently, and the model
+        # would differ from one machine to the next by its core count.
+        threads = torch.get_num_threads()
+        torch.set_num_threads(BUILD_THREADS)
+        try:
+            copy_report = pretrain_copy(model, tokenizer, spec.extra_tokens, spec.copy_steps, seed=spec.seed)
+        finally:
+            torch.set_num_threads(threads)
     stamp.unlink(missing_ok=True)  # a half-written directory must not look finished
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
