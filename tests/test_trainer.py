@@ -108,6 +108,27 @@ def test_information_gain_is_placed_on_its_turn_and_ranks_siblings():
     assert metrics["igpo/adv_abs_mean"] > 0
 
 
+def test_the_collapse_regime_gives_malformed_turns_no_credit():
+    """The ingredients of the measured collapse (README "Robust learning", seed 5): after one update every call is
+    malformed (`{"name": "search", "search", ...`), so no observation comes from a tool, every sibling has the same
+    outcome (0), and the outcome advantage is zero. With ig_turns=all (the reference) the answer log-probs moved by
+    the model's own broken text and our error message still rank the siblings — nonzero advantages the update trains
+    on; with ig_turns=reached (default) those turns carry no IG and the step trains nothing."""
+    extras, uids, mask, scores = _records([(-3.0, -2.0, -4.5), (-3.0, -3.8, -1.2)], outcome=(0.0, 0.0))
+    for e in extras:
+        e["igpo_tool_names"], e["igpo_tool_status"] = [None, None, None], ["malformed", "malformed", "answer"]
+    noise, metrics_all = _run(_trainer(ig_turns="all"), (extras, uids, mask, scores))
+    assert metrics_all["igpo/ig_applied"] == 4.0 and noise.abs().max() > 0.3
+    fixed, metrics = _run(_trainer(), (extras, uids, mask, scores))
+    assert metrics["igpo/ig_applied"] == 0.0 and fixed.abs().max() == 0.0
+    # First calls that reached the tool are credited (and rank the siblings); the malformed second turns are not.
+    for e in extras:
+        e["igpo_tool_names"][0], e["igpo_tool_status"][0] = "search", "ok"
+    adv, metrics = _run(_trainer(), (extras, uids, mask, scores))
+    assert metrics["igpo/ig_applied"] == 2.0
+    assert _turn_values(adv, 0)[0] > _turn_values(adv, 1)[0]  # +1 nat vs -0.8 nat
+
+
 def test_malformed_final_answer_replaces_the_outcome_by_the_penalty():
     records = _records([(-3.0, -2.0, -1.0)] * 2, format_ok=((True, True, True), (True, True, False)))
     adv, _ = _run(_trainer(), records)
