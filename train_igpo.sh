@@ -184,7 +184,7 @@ set +e
     trainer.default_local_dir="$RUN_DIR/checkpoints" \
     "${OVERRIDES[@]}" "${ARGS[@]}" 2>&1 | tee "$LOG" \
     | grep --line-buffered -E "step:[0-9]+ -|igpo: (configuration error|plan|note|tool budget|warning)|Error executing job" \
-    | awk '!match($0, /step:[0-9]+ -/) { print; fflush(); next }
+    | awk '!match($0, /step:[0-9]+ -/) { sub(/^[^ ]*\([A-Za-z0-9_]+ pid=[0-9]+[^)]*\)[^ ]* /, ""); print; fflush(); next }  # no Ray actor prefix
            { line = "igpo: " substr($0, RSTART, RLENGTH - 2)
              # step i/N and the ETA (progress/* metrics of the trainer)
              if (match($0, /progress\/total_steps:[0-9.]+/)) line = line "/" substr($0, RSTART + 21, RLENGTH - 21) + 0
