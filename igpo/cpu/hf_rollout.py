@@ -62,15 +62,28 @@ def _sample(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor
     return torch.where(temperature > 0, sampled, greedy)
 
 
+def _wide(logits: torch.Tensor) -> torch.Tensor:
+    """float32 at least; float64 logits stay float64."""
+    return logits if logits.dtype == torch.float64 else logits.float()
+
+
 class HFRolloutServer:
     """Token-in-token-out generation with a transformers causal LM; one instance per rollout replica."""
 
-    def __init__(self, model_path: str, max_model_len: int, response_length: int, dtype: str = "float32",
+    def __init__(self, model_path: str, max_model_len: int, response_length: int, dtype: str | None = None,
                  seed: int = 0):
         from transformers import AutoModelForCausalLM
 
         torch.set_num_threads(max(1, int(os.environ.get("IGPO_CPU_ROLLOUT_THREADS", "1"))))
+        # float64 (IGPO_CPU_ROLLOUT_DTYPE=float64) makes a seeded run repeat exactly: a request's logits depend on
+        # which requests share its batch (padding, kernel shapes) by float rounding, ~1e-7 in float32 — enough to
+        # flip a sampled token now and then, after which the run takes another course; ~1e-16 in float64.
+        dtype = dtype or os.environ.get("IGPO_CPU_ROLLOUT_DTYPE", "float32")
+        if dtype not in ("float32", "float64"):
+            raise ValueError(f"IGPO_CPU_ROLLOUT_DTYPE={dtype!r}: the CPU rollout server computes in float32 (default) "
+                             "or float64 (exact repeats of a seeded run)")
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype))
+        logger.warning("igpo: hf rollout server computes in %s", dtype)
         self.model.eval()
         self.eos_ids = set(self._eos_ids())
         self.pad_id = self.model.config.pad_token_id or 0
@@ -170,7 +183,7 @@ class HFRolloutServer:
         out = self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions,
                          past_key_values=cache, use_cache=True)
         prompt_lp = self._prompt_logprobs(batch, out.logits, width)
-        logits = out.logits[:, -1, :].float()
+        logits = _wide(out.logits[:, -1, :])
 
         tokens: list[list[int]] = [[] for _ in range(size)]
         logps: list[list[float]] = [[] for _ in range(size)]
@@ -193,7 +206,7 @@ class HFRolloutServer:
             attention = torch.cat([attention, torch.ones((size, 1), dtype=torch.long)], dim=-1)
             out = self.model(input_ids=chosen[:, None], attention_mask=attention, position_ids=next_pos[:, None],
                              past_key_values=cache, use_cache=True)
-            logits = out.logits[:, -1, :].float()
+            logits = _wide(out.logits[:, -1, :])
             next_pos = next_pos + 1
 
         results = []
@@ -212,7 +225,7 @@ class HFRolloutServer:
         wanted = [r.prompt_logprobs is not None for r in batch]
         if not any(wanted):
             return [None] * len(batch)
-        log_softmax = logits.float().log_softmax(-1)
+        log_softmax = _wide(logits).log_softmax(-1)
         result: list[Optional[tuple[list[list[float]], list[list[int]]]]] = []
         for row, request in enumerate(batch):
             if not wanted[row]:
