@@ -47,6 +47,9 @@ def test_written_world_retrieves_every_entity_and_splits_people(tmp_path):
     practice_text = paths["practice_corpus"].read_text()
     person = world.split("val")[0]
     assert f"{person} works for {practice_world(world, 0).employer[person]}." in practice_text
+    # Writing it again leaves every file as it is (a concurrent launch's tool server may hold the corpus open).
+    times = {key: path.stat().st_mtime_ns for key, path in paths.items()}
+    assert {key: path.stat().st_mtime_ns for key, path in write_world(tmp_path, CORPUS).items()} == times
 
 
 def test_warm_start_policy_is_imperfect_in_the_stated_ways():

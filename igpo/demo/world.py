@@ -26,6 +26,7 @@ a query or an answer (``igpo.demo.tiny_model.pretrain_copy``), the one skill of 
 from __future__ import annotations
 
 import json
+import os
 import random
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -213,13 +214,23 @@ def to_table(questions: list[Question], split: str):
     return pa.Table.from_pylist(rows, schema=parquet_schema())
 
 
+def _replace(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` only if it differs, through a rename: a run that already reads the file (another
+    launch in the same checkout, its tool server holding the corpus open) never sees it half-written or changed."""
+    if path.is_file() and path.read_bytes() == data:
+        return
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
 def _write_corpus(path: Path, base: str, world: World) -> None:
     """Base passages + the world's, then check that every handle and tag retrieves its own passage first."""
     import asyncio
 
     from tool_server.backends.local import LocalBackend
 
-    path.write_text(base + "\n" + "\n".join(json.dumps(r) for r in world.passages()) + "\n", encoding="utf-8")
+    _replace(path, (base + "\n" + "\n".join(json.dumps(r) for r in world.passages()) + "\n").encode("utf-8"))
     backend = LocalBackend(path)
     titles = {record["id"]: record["contents"].split("\n")[0].strip('"') for record in world.passages()}
 
@@ -241,6 +252,7 @@ def write_world(out_dir: str | Path, base_corpus: str | Path, config: WorldConfi
     """Write the demo's files to ``out_dir``: ``corpus.jsonl`` (base corpus + the world), ``train.parquet`` and
     ``val.parquet`` (its questions), ``practice_corpus.jsonl`` (base corpus + the practice world the warm-start
     plays) and ``vocabulary.txt`` (the tokens the demo tokenizer adds, one per line)."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     world = build_world(config)
@@ -251,12 +263,14 @@ def write_world(out_dir: str | Path, base_corpus: str | Path, config: WorldConfi
              "vocabulary": out_dir / "vocabulary.txt"}
     _write_corpus(paths["corpus"], base, world)
     _write_corpus(paths["practice_corpus"], base, practice_world(world, config.seed))
-    paths["vocabulary"].write_text("\n".join(world.vocabulary()) + "\n", encoding="utf-8")
+    _replace(paths["vocabulary"], ("\n".join(world.vocabulary()) + "\n").encode("utf-8"))
     for split in ("train", "val"):
         questions = world.questions(split)
         random.Random(f"{config.seed}:{split}").shuffle(questions)
         paths[split] = out_dir / f"{split}.parquet"
-        pq.write_table(to_table(questions, split), paths[split])
+        buffer = pa.BufferOutputStream()
+        pq.write_table(to_table(questions, split), buffer)
+        _replace(paths[split], buffer.getvalue().to_pybytes())
     return paths
 
 
