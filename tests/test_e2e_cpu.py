@@ -85,7 +85,9 @@ def test_two_ranks_shard_actor_side_scoring_in_lockstep(tmp_path):
                     "algorithm.igpo.verify_scoring=true",
                     "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
                     "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4",
-                    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2"], env, timeout=540)
+                    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+                    # verl's warm-up starts at lr 0: the demo's first update would leave the policy where it was.
+                    "actor_rollout_ref.actor.optim.lr_warmup_steps=0"], env, timeout=540)
     log = (tmp_path / "run" / "train.log").read_text()
     assert rc == 0, out[-4000:]
     agreement = [float(v) for v in re.findall(r"igpo/scoring_rollout_vs_actor_max_abs_diff:([0-9.eE+-]+|nan)", log)]
