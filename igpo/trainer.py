@@ -673,11 +673,7 @@ class IGPOTrainerSync(PPOTrainerSync):
             print(f"igpo: warning: {warning}", flush=True)
         metrics["health/warning_streak"] = float(self.health.strikes)
         if self.health.should_stop and step < total:
-            if not (int(self.config.trainer.save_freq) > 0 and step % int(self.config.trainer.save_freq) == 0):
-                self._save_checkpoint()
-            metrics["training/stopped_on_health"] = 1.0
-            self.total_training_steps = step  # verl's loop ends after logging this step
-            folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{step}")
+            folder = self._stop_after_this_step(metrics, "training/stopped_on_health")
             print(f"igpo: warning: stopping after step {step}/{total}: {self.health.strikes} consecutive steps with "
                   f"health warnings (trainer.health.stop_after={self.health.config.stop_after}); checkpoint {folder}. "
                   "Inspect the rollouts (trainer.rollout_data_dir) before resuming with trainer.resume_mode=auto.",
@@ -713,15 +709,21 @@ class IGPOTrainerSync(PPOTrainerSync):
         if spent and self.tool_spend.stop_on_budget and self.global_steps < self.total_training_steps:
             self._stop_on_budget(spent, metrics)
 
-    def _stop_on_budget(self, spent: list[str], metrics: dict) -> None:
-        step, total = int(self.global_steps), int(self.total_training_steps)
+    def _stop_after_this_step(self, metrics: dict, flag: str) -> str:
+        """End the run cleanly after this step: a checkpoint of it (unless verl's save_freq saved it already), the
+        metric ``flag`` = 1, and the loop's end moved here. Returns the checkpoint folder."""
+        step = int(self.global_steps)
         save_freq = int(self.config.trainer.save_freq)
-        folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{step}")
         if not (save_freq > 0 and step % save_freq == 0):  # verl saved this step already otherwise
             self._save_checkpoint()
-        metrics["training/stopped_on_tool_budget"] = 1.0
+        metrics[flag] = 1.0
         # verl's loop runs while global_steps <= total_training_steps: it ends after logging this step's metrics.
         self.total_training_steps = step
+        return os.path.join(self.config.trainer.default_local_dir, f"global_step_{step}")
+
+    def _stop_on_budget(self, spent: list[str], metrics: dict) -> None:
+        step, total = int(self.global_steps), int(self.total_training_steps)
+        folder = self._stop_after_this_step(metrics, "training/stopped_on_tool_budget")
         message = (f"igpo: tool budget spent ({'; '.join(spent)}): stopping cleanly after step {step}/{total}; "
                    f"checkpoint {folder}. To continue, restart the tool server with a larger --budget-* and rerun "
                    "with trainer.resume_mode=auto and the same trainer.default_local_dir (tools.stop_on_budget=false "

@@ -215,6 +215,28 @@ def test_igpo_state_is_complete_before_verl_points_resume_at_the_step(tmp_path, 
     assert not list(tmp_path.rglob("*.tmp"))
 
 
+def test_health_warnings_stop_the_run_with_a_checkpoint_after_the_configured_streak(monkeypatch, capsys):
+    """trainer.health.stop_after=2: the second consecutive warning step saves a checkpoint (save_freq did not), flags
+    training/stopped_on_health and ends verl's loop after this step; the first only warns."""
+    from omegaconf import OmegaConf
+
+    from igpo.core.health import HealthConfig
+
+    trainer = _trainer(step=1, total=10)
+    trainer.config = OmegaConf.create({"trainer": {"default_local_dir": "/ckpt", "save_freq": -1}})
+    trainer.health = HealthMonitor(HealthConfig(warmup_steps=1, stop_after=2))
+    saved = []
+    monkeypatch.setattr(type(trainer), "_save_checkpoint", lambda self: saved.append(self.global_steps))
+    for step, share in enumerate([0.5, 0.1, 0.1], start=1):
+        trainer.global_steps, metrics = step, {"health/wellformed_call_share": share, "actor/entropy": 0.1}
+        trainer._check_health(metrics)
+    out = capsys.readouterr().out
+    assert out.count("igpo: warning: well-formed tool calls fell") == 2
+    assert "igpo: warning: stopping after step 3/10" in out and "/ckpt/global_step_3" in out
+    assert saved == [3] and trainer.total_training_steps == 3 and metrics["training/stopped_on_health"] == 1.0
+    assert metrics["health/warning_streak"] == 2.0
+
+
 # ---- infrastructure failures out of the learning signal (algorithm.igpo.infra_failure) ------------------------------
 # Trajectory 1's first search timed out (tool status infra_error): an outage, not the policy's mistake.
 
