@@ -11,6 +11,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
 SCORE_ON = ("actor", "rollout")
+TURN_RULES = ("ours", "reference")
 
 
 def _err(name: str, value: Any, rule: str) -> ValueError:
@@ -62,8 +63,17 @@ class AgentLoopConfig:
     """Format rule of every turn (``igpo_turn_format_ok``, hence the format penalty): a turn without ``<think>`` is
     malformed. Off by default (small models prompted without a thinking template may not think); the reference
     (DR-Venus ``format_checker.py``) penalises such turns: True."""
+    turn_rules: str = "ours"
+    """How a generated turn is read. ``ours``: ``igpo.protocol.parse_turn`` and ``igpo.core.turn_format`` on the
+    text as generated. ``reference`` (DR-Venus' agent loop): the text is first tag-fixed
+    (``igpo.core.turn_format.reference_tag_fix``: cut at ``<tool_response>``, missing think tags added), then parsed by
+    ``igpo.protocol.parse_turn_reference`` (a turn without ``<think>`` is an error turn and calls no tool; any tool
+    name; non-object arguments call the tool with ``{}``) and checked by ``reference_turn_ok``; the fixed text is what
+    the reward reads. Implies ``require_think`` for the format check."""
 
     def __post_init__(self):
+        if self.turn_rules not in TURN_RULES:
+            raise _err("turn_rules", self.turn_rules, f"must be one of {TURN_RULES}")
         if self.tool_server_url is not None and not (
             isinstance(self.tool_server_url, str) and self.tool_server_url.startswith(("http://", "https://"))
         ):

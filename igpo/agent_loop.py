@@ -53,7 +53,7 @@ from igpo.agent_config import AgentLoopConfig, RolloutScoringConfig
 from igpo.core.ground_truth import Probe, answer_probes, parse_ground_truth
 from igpo.core.outcome import contains_answer
 from igpo.core.info_gain import InfoGainConfig, scored_boundaries
-from igpo.core.turn_format import check_answer_turn, check_tool_turn
+from igpo.core.turn_format import check_answer_turn, check_tool_turn, reference_tag_fix, reference_turn_ok
 
 logger = logging.getLogger(__name__)
 logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "WARN"))
@@ -487,12 +487,16 @@ class IGPOAgentLoop(AgentLoopBase):
                 # its rewards as positions outside the loss mask and counts it (igpo/empty_turns).
                 traj.turn_ends[-1] = len(traj.context) - traj.prompt_len - 1
                 traj.empty_turns += 1
+            reference_rules = cfg.turn_rules == "reference"
+            if reference_rules:  # the reference stores, checks and scores the tag-fixed text
+                text = reference_tag_fix(text, frame.think_prefilled)
             traj.final_turn_text = text
 
             if reason is not None or parsed.kind == "answer":
                 traj.tool_names.append(None)
                 traj.tool_status.append("answer" if parsed.kind == "answer" else "none")
-                traj.format_ok.append(check_answer_turn(text, think_prefilled=frame.think_prefilled,
+                traj.format_ok.append(reference_turn_ok(text, final=True) if reference_rules else
+                                      check_answer_turn(text, think_prefilled=frame.think_prefilled,
                                                         require_think=cfg.require_think))
                 traj.final_answer = parsed.answer if parsed.kind == "answer" else None
                 traj.stop_reason = reason or "answer"
@@ -502,7 +506,8 @@ class IGPOAgentLoop(AgentLoopBase):
             name, status, content = await self._act(traj, parsed, seen_calls, j)
             traj.tool_names.append(name)
             traj.tool_status.append(status)
-            traj.format_ok.append(check_tool_turn(text, think_prefilled=frame.think_prefilled,
+            traj.format_ok.append(reference_turn_ok(text, final=False) if reference_rules else
+                                  check_tool_turn(text, think_prefilled=frame.think_prefilled,
                                                   require_think=cfg.require_think))
 
             # Decide whether turn j+1 must be the final one, then close turn j with its observation.
@@ -556,7 +561,10 @@ class IGPOAgentLoop(AgentLoopBase):
             ids = list(out.token_ids)[:max_tokens]
             body = ids[:-1] if ids and ids[-1] == frame.eot_id else ids
             text = self.tokenizer.decode(body, skip_special_tokens=False)
-            parsed = protocol.parse_turn(text)
+            if cfg.turn_rules == "reference":
+                parsed = protocol.parse_turn_reference(reference_tag_fix(text, frame.think_prefilled))
+            else:
+                parsed = protocol.parse_turn(text)
             retry = protocol.is_degenerate(text, cfg.repetition_window, cfg.repetition_max_repeats) or (
                 cfg.dedup_tool_calls
                 and final_reason is None

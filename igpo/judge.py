@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from igpo.core.ground_truth import ANSWER_SPLIT
 from igpo.core.outcome import exact_match
 
 logger = logging.getLogger(__name__)
@@ -93,6 +94,8 @@ class JudgeConfig:
     which keeps the request valid for servers that reject unknown fields."""
     temperature: float = 0.0
     """0 makes verdicts reproducible and cacheable (the reference used 0.1)."""
+    top_p: float | None = None
+    """Sent when not None (the reference sent 0.95)."""
     max_tokens: int = 1024
     timeout_s: float = 60.0
     """Per request (connect + read)."""
@@ -122,6 +125,14 @@ class JudgeConfig:
     """Gold aliases listed in the prompt (TriviaQA rows carry up to 178); the rest are summarised by a count."""
     shortcut_exact_match: bool = True
     """Skip the request when the response already exactly matches an alias (SQuAD-normalised): correct."""
+    rules: str = "ours"
+    """``ours`` | ``reference`` (DR-Venus ``llm_judge.py``, reproduced for ``+fidelity=reference_drvenus``):
+    the exact-match shortcut compares the stripped response with the whole raw gold string (aliases still joined
+    by ``<|answer_split|>``, nothing normalised) before anything else; an empty response or the template's
+    placeholder ``answer here`` is incorrect without a request; the prompt shows the raw gold string; the verdict is
+    the FIRST ``correct: yes|no`` anywhere in the raw reply (thinking included, and ``incorrect: yes`` counts as
+    ``correct: yes``); ``**correct**: yes`` or ``correct = yes`` is no verdict. Ours: SQuAD-normalised alias match,
+    a bullet list of aliases, the LAST verdict outside ``<think>`` blocks, emphasis and ``=`` tolerated."""
     on_failure: str = "fallback_f1"
     """``fallback_f1``: the verdict is None and the caller scores F1 (counted, logged); ``raise``: raise."""
 
@@ -150,6 +161,10 @@ class JudgeConfig:
         for name, value in non_negative.items():
             if value < 0:
                 raise ValueError(f"judge {name}={value!r} must be >= 0.")
+        if self.rules not in JUDGE_RULES:
+            raise ValueError(f"judge rules={self.rules!r} is unknown; use one of {JUDGE_RULES}.")
+        if self.top_p is not None and not 0 < self.top_p <= 1:
+            raise ValueError(f"judge top_p={self.top_p!r} must be in (0, 1] (or null to send none).")
         if self.on_failure not in ON_FAILURE:
             raise ValueError(f"judge on_failure={self.on_failure!r} is unknown; use one of {ON_FAILURE}.")
         try:
@@ -253,6 +268,19 @@ def parse_verdict(text: str) -> bool | None:
     return matches[-1].lower() == "yes"
 
 
+_REFERENCE_VERDICT = re.compile(r"correct\s*:\s*(yes|no)\b", flags=re.IGNORECASE)
+JUDGE_RULES = ("ours", "reference")
+REFERENCE_PLACEHOLDER = "answer here"
+"""The answer placeholder of the reference's prompt; its judge scores an answer equal to it 0 without a request."""
+
+
+def parse_verdict_reference(text: str) -> bool | None:
+    """The reference judge's reading of a reply: the first ``correct: yes|no`` (case-insensitive, no word boundary
+    before ``correct``) in the raw text; None when there is none."""
+    match = _REFERENCE_VERDICT.search(text)
+    return None if match is None else match.group(1).lower() == "yes"
+
+
 def format_gold_answers(aliases: list[str], limit: int) -> str:
     """Readable bullet list of the gold aliases (never the raw ``<|answer_split|>`` string)."""
     lines = [f"- {alias}" for alias in aliases[:limit]]
@@ -354,14 +382,21 @@ class LLMJudge:
         self._client, self._loop = None, None
         self._cache.close()
 
-    def cache_key(self, question: str, response: str, aliases: list[str]) -> str:
-        payload = json.dumps([self.config.model, self.config.prompt_template, question, response, aliases])
+    def cache_key(self, question: str, response: str, aliases: list[str], raw_gold: str | None = None) -> str:
+        payload = [self.config.model, self.config.prompt_template, question, response, aliases]
+        if self.config.rules != "ours":  # keys of the default rules stay what they were (shared cache files)
+            payload += [self.config.rules, raw_gold]
+        payload = json.dumps(payload)
         return hashlib.sha256(payload.encode()).hexdigest()
 
-    def build_prompt(self, question: str, response: str, aliases: list[str]) -> str:
+    def build_prompt(self, question: str, response: str, aliases: list[str], raw_gold: str | None = None) -> str:
+        if self.config.rules == "reference" and raw_gold is not None:
+            gold = raw_gold
+        else:
+            gold = format_gold_answers(aliases, self.config.max_aliases_in_prompt)
         return self.config.prompt_template.format(
             question=question.strip() or "(not given)",
-            gold_answers=format_gold_answers(aliases, self.config.max_aliases_in_prompt),
+            gold_answers=gold,
             response=response,
         )
 
@@ -370,8 +405,12 @@ class LLMJudge:
             text = text.replace(self.config.api_key, "***")
         return text
 
-    async def judge(self, question: str, response: str, aliases: list[str]) -> JudgeVerdict:
+    async def judge(self, question: str, response: str, aliases: list[str],
+                    raw_gold: str | None = None) -> JudgeVerdict:
         """Verdict on ``response`` (the extracted final answer) for ``question`` against the gold ``aliases``.
+
+        ``raw_gold``: the dataset's ground-truth string as stored (aliases joined), read by ``rules="reference"``
+        (``JudgeConfig.rules``); without it that rule set compares with the aliases joined by ``<|answer_split|>``.
 
         Never returns a silent 0: a failure is ``correct=None`` with the reason (or ``JudgeUnavailableError`` when
         ``on_failure="raise"``). An empty response is judged incorrect without a request (there is nothing to grade).
@@ -379,13 +418,22 @@ class LLMJudge:
         if not aliases:
             raise ValueError("judge() got no gold aliases; parse the ground truth with parse_ground_truth first.")
         self.stats.calls += 1
-        if not response.strip():
-            self.stats.shortcuts += 1
-            return JudgeVerdict(correct=False, source="shortcut")
-        if self.config.shortcut_exact_match and exact_match(response, aliases) == 1.0:
-            self.stats.shortcuts += 1
-            return JudgeVerdict(correct=True, source="shortcut")
-        key = self.cache_key(question, response, aliases)
+        if self.config.rules == "reference":
+            gold = raw_gold if raw_gold is not None else ANSWER_SPLIT.join(aliases)
+            if self.config.shortcut_exact_match and response.strip() == gold.strip():
+                self.stats.shortcuts += 1
+                return JudgeVerdict(correct=True, source="shortcut")
+            if response.strip() in ("", REFERENCE_PLACEHOLDER):
+                self.stats.shortcuts += 1
+                return JudgeVerdict(correct=False, source="shortcut")
+        else:
+            if not response.strip():
+                self.stats.shortcuts += 1
+                return JudgeVerdict(correct=False, source="shortcut")
+            if self.config.shortcut_exact_match and exact_match(response, aliases) == 1.0:
+                self.stats.shortcuts += 1
+                return JudgeVerdict(correct=True, source="shortcut")
+        key = self.cache_key(question, response, aliases, raw_gold)
         cached = self._cache.get(key)
         if cached is not None:
             self.stats.cache_hits += 1
@@ -398,7 +446,7 @@ class LLMJudge:
                 error=f"judge considered down after {self._consecutive_failures} consecutive failures; not called",
             )
         else:
-            verdict = await self._request_verdict(self.build_prompt(question, response, aliases))
+            verdict = await self._request_verdict(self.build_prompt(question, response, aliases, raw_gold))
             if verdict.correct is not None:
                 self._consecutive_failures = 0
                 self._cache.put(key, verdict.correct)
@@ -435,6 +483,9 @@ class LLMJudge:
             "temperature": cfg.temperature,
             "max_tokens": cfg.max_tokens,
         }
+        if cfg.top_p is not None:
+            body["top_p"] = cfg.top_p
+        parse = parse_verdict_reference if cfg.rules == "reference" else parse_verdict
         if cfg.enable_thinking is not None:
             body["chat_template_kwargs"] = {"enable_thinking": cfg.enable_thinking}
         headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
@@ -470,7 +521,7 @@ class LLMJudge:
                         self.stats.http_errors += 1
                         error = self._redact(f"malformed completion: {reply.text[:200]}")
                     else:
-                        correct = parse_verdict(content)
+                        correct = parse(content)
                         if correct is not None:
                             return JudgeVerdict(correct=correct, source="api", raw=content)
                         self.stats.parse_failures += 1

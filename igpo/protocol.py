@@ -199,6 +199,51 @@ def parse_turn(text: str) -> ParsedTurn:
     return ParsedTurn("tool_call", name=name.strip().lower(), arguments=arguments)
 
 
+REFERENCE_ALLOWED_ARGUMENTS = {"search": ("query",), "visit": ("url", "goal"), "PythonInterpreter": ("code",)}
+"""Argument names the reference agent loop passes on per tool (others are dropped); other tools get all."""
+_THINK_BLOCK = re.compile(r"<think>(.*?)</think>", flags=re.DOTALL)
+_ANSWER_BLOCK = re.compile(r"<answer>(.*?)</answer>", flags=re.DOTALL)
+_CODE_BLOCK = re.compile(r"<code>(.*?)</code>", flags=re.DOTALL)
+
+
+def parse_turn_reference(text: str) -> ParsedTurn:
+    """Parse a turn the reference's way (DR-Venus ``dr_agent_loop.py``; ``agent.turn_rules="reference"``), on its
+    tag-fixed text (``igpo.core.turn_format.reference_tag_fix``).
+
+    No ``<think>...</think>`` block: malformed (an error turn, the tool is not called). Then, searching the whole
+    text: the first ``<answer>`` block without any complete ``<tool_call>`` is the answer (body as written); the first
+    complete ``<tool_call>`` without an answer is the call: a code-act body (mentions PythonInterpreter, holds
+    ``<code>``) or a JSON/JSON5 object with ``name`` and ``arguments`` keys; the name is kept as written (any name;
+    an unknown one reaches the tool stage, which reports it), arguments that are not an object become ``{}``, and
+    ``search``/``visit`` keep only their own argument names. Anything else is malformed.
+    """
+    if _THINK_BLOCK.search(text) is None:
+        return ParsedTurn("malformed", error="the turn has no <think></think> block")
+    answer = _ANSWER_BLOCK.search(text)
+    call = _TOOL_CALL.search(text)
+    if answer is not None and call is None:
+        return ParsedTurn("answer", answer=answer.group(1))
+    if call is None or answer is not None:
+        return ParsedTurn("malformed", error="the turn must hold either one <tool_call> or one <answer>")
+    body = call.group(1).strip()
+    code = _CODE_BLOCK.search(body)
+    if "pythoninterpreter" in body.lower() and code is not None:
+        return ParsedTurn("tool_call", name="PythonInterpreter", arguments={"code": code.group(1).strip()})
+    try:
+        parsed = _load_json_object(body)
+    except (ValueError, TypeError, RecursionError) as err:
+        return ParsedTurn("malformed", error=f"the tool call is not valid JSON ({err})")
+    if not isinstance(parsed, dict) or "name" not in parsed or "arguments" not in parsed:
+        return ParsedTurn("malformed", error='the tool call needs an object with "name" and "arguments"')
+    name, arguments = parsed["name"], parsed["arguments"]
+    if not isinstance(name, str):
+        return ParsedTurn("malformed", error='the tool call "name" is not a string')
+    arguments = arguments if isinstance(arguments, dict) else {}
+    if name in REFERENCE_ALLOWED_ARGUMENTS:
+        arguments = {k: v for k, v in arguments.items() if k in REFERENCE_ALLOWED_ARGUMENTS[name]}
+    return ParsedTurn("tool_call", name=name, arguments=arguments)
+
+
 def call_key(name: str, arguments: dict[str, Any]) -> str:
     """Canonical text of a call for duplicate detection: sorted-key JSON of a fresh dict, arguments untouched.
 

@@ -211,16 +211,24 @@ async def compute_score(
     elif not isinstance(turn, str):
         raise TypeError(f"extra_info[{FINAL_TURN_KEY!r}] is a {type(turn).__name__}; the agent loop must store a str.")
 
-    answer = extract_first_answer(turn) if config.answer_pick == "first" else extract_answer(turn)
+    pick = extract_first_answer if config.answer_pick == "first" else extract_answer
+    answer = pick(turn)
     think_prefilled = extra_info.get(THINK_PREFILLED_KEY, config.think_prefilled)
     format_ok = check_answer_turn(turn, think_prefilled=bool(think_prefilled), require_think=config.require_think)
+    # F1/EM. The reference's text handling (f1_normalization="reference") lower-cases the whole turn before it looks
+    # for the answer tags (so <Answer> counts) and reads a fact-check JSON gold as plain text; the judge sees the
+    # answer as written.
+    scored, gold = answer, aliases
+    if config.f1_normalization == "reference":
+        scored, gold = pick(turn.lower()), parse_ground_truth(ground_truth, fact_check_labels=False)
     # An empty answer earns nothing even when an alias normalises to "" (e.g. "The"), where SQuAD would say 1.
-    scores = score_answer(answer, aliases, config.f1_normalization) if answer else AnswerScores(em=0.0, f1=0.0)
-    missing = answer is None or (config.tag_balance_gate and not tags_balanced(turn.lower()))
+    scores = score_answer(scored, gold, config.f1_normalization) if scored else AnswerScores(em=0.0, f1=0.0)
+    missing = scored is None or (config.tag_balance_gate and not tags_balanced(turn.lower()))
 
     judge, judge_failed = math.nan, 0.0
     if reward_type == "llm":
-        verdict = await get_judge(config).judge(_question(extra_info), answer or "", aliases)
+        raw_gold = ground_truth if isinstance(ground_truth, str) else None
+        verdict = await get_judge(config).judge(_question(extra_info), answer or "", aliases, raw_gold=raw_gold)
         if verdict.correct is None:
             judge_failed = 1.0
             score = scores.f1 if config.judge_failure_score is None else float(config.judge_failure_score)

@@ -163,7 +163,7 @@ def test_f1_outcome_table(preset, ours, final, gt, ours_score, ref_score):
 
 
 def test_judge_failure_scores_zero_in_the_reference_and_f1_in_ours(preset, ours, monkeypatch):
-    async def no_verdict(question, answer, aliases):
+    async def no_verdict(question, answer, aliases, raw_gold=None):
         return SimpleNamespace(correct=None, error="down")
 
     monkeypatch.setattr(reward, "get_judge", lambda config: SimpleNamespace(judge=no_verdict))

@@ -43,12 +43,13 @@ def _fact_check_label(alias: str) -> str:
     return "false" if any(str(e["label"]).strip().lower() == "false" for e in parsed) else "true"
 
 
-def parse_ground_truth(gt: Any) -> list[str]:
+def parse_ground_truth(gt: Any, fact_check_labels: bool = True) -> list[str]:
     """Normalise a ground truth to a non-empty list of aliases.
 
     Accepts a string whose aliases are joined by ``ANSWER_SPLIT``, or a list / tuple / 1-D ``np.ndarray`` of strings
     (as parquet readers return). Each alias is stripped; empty aliases are dropped; a fact-checking JSON label list
-    becomes "true"/"false". Raises ``ValueError`` naming the value when nothing usable remains or an element is not
+    becomes "true"/"false" (``fact_check_labels=False`` keeps the JSON text, as the reference's F1/EM reward read it).
+    Raises ``ValueError`` naming the value when nothing usable remains or an element is not
     a string.
     """
     if isinstance(gt, (str, np.str_)):
@@ -68,7 +69,7 @@ def parse_ground_truth(gt: Any) -> list[str]:
             f"ground truth {gt!r} has type {type(gt).__name__}; expected a string (aliases joined by "
             f"{ANSWER_SPLIT!r}) or a list of strings."
         )
-    aliases = [_fact_check_label(p.strip()) for p in pieces]
+    aliases = [_fact_check_label(p.strip()) if fact_check_labels else p.strip() for p in pieces]
     aliases = [a for a in aliases if a]
     if not aliases:
         raise ValueError(f"ground truth {gt!r} has no non-empty alias; every sample needs an answer to score against.")

@@ -175,3 +175,66 @@ def final_turn_text(solution_str: str) -> str:
     tail = solution_str[cut + len("</tool_response>"):]
     role = _LEADING_ROLE.match(tail)
     return tail[role.end():] if role else tail
+
+
+# ---- the reference's turn rules (DR-Venus dr_agent_loop.py / format_checker.py; agent.turn_rules="reference") ----
+# Written from their behaviour, checked against their functions on tests/golden/drvenus_reference.json.
+_TAG_POSITIONS = {tag: re.compile(re.escape(tag)) for tag in ("<think>", "</think>", "<tool_call>", "</tool_call>",
+                                                               "<answer>", "</answer>")}
+
+
+def reference_tag_fix(text: str, think_prefilled: bool) -> str:
+    """The reference agent loop's repair of a generated turn, applied before parsing, format checking and storing:
+    put back a prefilled ``<think>``; drop everything from the first ``<tool_response>`` (a hallucinated
+    observation); close an unclosed ``<think>`` with ``\\n</think>``; open a lone ``</think>`` with ``<think>\\n``."""
+    if think_prefilled:
+        text = "<think>" + text
+    cut = text.find("<tool_response>")
+    if cut >= 0:
+        text = text[:cut]
+    if "<think>" in text and "</think>" not in text:
+        text += "\n</think>"
+    if "<think>" not in text and "</think>" in text:
+        text = "<think>\n" + text
+    return text
+
+
+def reference_turn_ok(text: str, final: bool) -> bool:
+    """The reference's per-turn format check on a tag-fixed turn (``reference_tag_fix``).
+
+    Both kinds: not blank; k >= 1 ``<think>`` and k ``</think>`` alternating, only whitespace before the first.
+    After the last ``</think>``, with only whitespace between and after: a final turn is exactly one
+    ``<answer>BODY</answer>`` with a non-blank BODY and no tool_call tag anywhere; any other turn is exactly one
+    ``<tool_call>BODY</tool_call>`` and no answer tag anywhere, where BODY is a code-act body (mentions
+    PythonInterpreter and holds ``<code>...</code>``) or a JSON5 object with ``name`` (any value) and an object
+    ``arguments``. Unlike ours, a ``<tool_response>`` was already cut away and any tool name passes.
+    """
+    if not text.strip():
+        return False
+    at = {tag: [m.start() for m in pattern.finditer(text)] for tag, pattern in _TAG_POSITIONS.items()}
+    opens, closes = at["<think>"], at["</think>"]
+    if not opens or len(opens) != len(closes) or text[:opens[0]].strip():
+        return False
+    if any(o >= c for o, c in zip(opens, closes)) or any(c >= o for c, o in zip(closes, opens[1:])):
+        return False
+    after_think = closes[-1] + len("</think>")
+    tag, other = ("answer", "tool_call") if final else ("tool_call", "answer")
+    start, end = at[f"<{tag}>"], at[f"</{tag}>"]
+    if at[f"<{other}>"] or at[f"</{other}>"] or len(start) != 1 or len(end) != 1:
+        return False
+    if start[0] < closes[-1] or end[0] < start[0]:
+        return False
+    if text[after_think:start[0]].strip() or text[end[0] + len(f"</{tag}>"):].strip():
+        return False
+    body = text[start[0] + len(f"<{tag}>"):end[0]].strip()
+    if not body:
+        return False
+    if final:
+        return True
+    if "pythoninterpreter" in body.lower() and "<code>" in body and "</code>" in body:
+        return True
+    try:
+        call = json5.loads(body)
+    except (ValueError, TypeError, RecursionError):  # json5 reports some malformed input as TypeError
+        return False
+    return isinstance(call, dict) and "name" in call and "arguments" in call and isinstance(call["arguments"], dict)

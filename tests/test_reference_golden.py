@@ -1,0 +1,150 @@
+"""``+fidelity=reference_drvenus`` against the reference's OWN functions (issue 24).
+
+tests/golden/drvenus_reference.json holds inputs and the outputs of DR-Venus' judge, F1/EM and turn-format code
+(scripts/golden_reference.py ran them from a fetched snapshot; the commit id is in the file). Every case must match,
+except the ones listed in DOCUMENTED, which the README's difference table names with the reason; a documented case
+that starts to match (or an undocumented one that differs) fails, so the table cannot go stale.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+import igpo.reward as reward
+from igpo.agent_config import AgentLoopConfig
+from igpo.core.ground_truth import ANSWER_SPLIT
+from igpo.core.outcome import normalize_answer
+from igpo.core.turn_format import check_answer_turn, check_tool_turn, reference_tag_fix, reference_turn_ok
+from igpo.protocol import parse_turn_reference
+
+sys.path.insert(0, str(Path(__file__).parent))
+from fake_openai import FakeOpenAI, Reply  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+GOLDEN = json.loads((REPO / "tests" / "golden" / "drvenus_reference.json").read_text())
+
+# (item, input, field) -> why it differs; README "Reference vs our default" carries the same rows.
+DOCUMENTED = {
+    # An empty alias ("Paris<|answer_split|>") is dropped by our parser; the reference's EM matches it against a
+    # punctuation-only answer (both normalise to ""), a data error rewarded as correct.
+    ("outcome", "<think>t</think><answer>!</answer>", "Paris<|answer_split|>", "em"): "empty alias",
+}
+
+
+@pytest.fixture(scope="module")
+def preset():
+    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base=None):
+        return compose(config_name="igpo_trainer", overrides=["+fidelity=reference_drvenus"])
+
+
+def _reward_kwargs(config) -> dict:
+    return dict(OmegaConf.to_container(config.reward.custom_reward_function.reward_kwargs))
+
+
+def _score(final, gt, **kwargs) -> float:
+    extra = {"igpo_final_turn_text": final, "question": "Which city is the capital of France?"}
+    return asyncio.run(reward.compute_score(data_source="nq", solution_str="", ground_truth=gt, extra_info=extra,
+                                            **kwargs))["score"]
+
+
+def test_golden_file_names_its_source():
+    assert GOLDEN["source"] == "github.com/inclusionAI/DR-Venus" and len(GOLDEN["commit"]) == 40
+    assert len(GOLDEN["judge"]) >= 20 and len(GOLDEN["outcome"]) >= 19 and len(GOLDEN["turns"]) >= 100
+
+
+def test_judge_matches_the_reference(preset, monkeypatch):
+    """Each case with the judge's reply held fixed: the score, whether a request was made, and the request's
+    temperature / top_p / thinking flag / raw gold string."""
+    kwargs = _reward_kwargs(preset)
+    differ = []
+    with FakeOpenAI() as server:
+        monkeypatch.setenv("JUDGE_API_BASE", server.base_url)
+        monkeypatch.setenv("JUDGE_MODEL_NAME", "judge-under-test")
+        for case in GOLDEN["judge"]:
+            monkeypatch.setattr(reward, "_JUDGES", {})  # a fresh judge: no verdict cached from an earlier case
+            server.requests.clear()
+            server.default = Reply(content=case["judge_reply"])
+            score = _score(case["final_turn"], case["ground_truth"], **kwargs)
+            body = server.requests[0].body if server.requests else None
+            ours = {
+                "score": score, "requested": body is not None,
+                "temperature": body and body["temperature"], "top_p": body and body.get("top_p"),
+                "enable_thinking": body and body.get("chat_template_kwargs", {}).get("enable_thinking"),
+                "gold_in_prompt_raw": body and case["ground_truth"] in body["messages"][0]["content"],
+            }
+            theirs = {k: case[k] for k in ours}
+            if ours != theirs:
+                differ.append((case["final_turn"], case["ground_truth"], case["judge_reply"], ours, theirs))
+    assert not differ, "judge cases differing from DR-Venus' llm_judge.compute_score:\n" + "\n".join(map(str, differ))
+
+
+@pytest.mark.parametrize("kind, field", [("f1", "f1_multiset"), ("em", "em")])
+def test_f1_and_em_match_the_reference(preset, kind, field):
+    """F1 against info_gain.compute_f1 (the F1 the reference trains on when IG is on), EM against format_and_f1."""
+    kwargs = dict(_reward_kwargs(preset), train_reward_type=kind)
+    differ, documented = [], []
+    for case in GOLDEN["outcome"]:
+        ours = _score(case["final_turn"], case["ground_truth"], **kwargs)
+        key = ("outcome", case["final_turn"], case["ground_truth"], kind)
+        if abs(ours - case[field]) > 1e-9:
+            (documented if key in DOCUMENTED else differ).append((case["final_turn"], case["ground_truth"], ours,
+                                                                   case[field]))
+        elif key in DOCUMENTED:
+            differ.append(("documented as different but matches", key))
+    assert not differ, f"{kind} cases differing from the reference (or stale DOCUMENTED rows): {differ}"
+    assert len(documented) == sum(1 for key in DOCUMENTED if key[0] == "outcome" and key[3] == kind)
+
+
+def test_set_f1_differs_only_on_repeated_tokens():
+    """The reference's phase-1 F1 (format_and_f1, token SETS) is what a sample keeps when no IG overlay rewrites it;
+    ours is the multiset F1 throughout (README table). The two differ only where a side repeats a token."""
+    for case in GOLDEN["outcome"]:
+        if abs(case["f1_set"] - case["f1_multiset"]) > 1e-9:
+            answer = normalize_answer(case["final_turn"].split("<answer>")[1].split("</answer>")[0], "reference")
+            gold = [normalize_answer(a, "reference").split() for a in case["ground_truth"].split(ANSWER_SPLIT)]
+            repeated = len(set(answer.split())) < len(answer.split()) or any(len(set(a)) < len(a) for a in gold)
+            assert repeated, case
+
+
+def test_preset_reads_turns_the_reference_way(preset):
+    agent = AgentLoopConfig.from_dict(preset.algorithm.igpo.agent)
+    assert agent.turn_rules == "reference" and agent.max_generation_retries == 0 and not agent.dedup_tool_calls
+    assert preset.algorithm.igpo.infra_failure == "keep"
+
+
+def test_turns_match_the_reference():
+    """Tag fixing, parsing (kind, tool name, arguments, answer) and the format check, case by case."""
+    differ = []
+    for case in GOLDEN["turns"]:
+        fixed = reference_tag_fix(case["text"], case["think_prefilled"])
+        parsed = parse_turn_reference(fixed)
+        ours = {
+            "tag_fixed": fixed, "kind": {"malformed": "error"}.get(parsed.kind, parsed.kind),
+            "name": parsed.name if parsed.kind == "tool_call" else None,
+            "arguments": parsed.arguments if parsed.kind == "tool_call" else None,
+            "answer": parsed.answer if parsed.kind == "answer" else None,
+            "format_ok": reference_turn_ok(fixed, case["final"]),
+        }
+        theirs = {k: case[k] for k in ours}
+        if ours != theirs:
+            differ.append((case["text"], ours, theirs))
+    assert not differ, "turn cases differing from DR-Venus' agent loop / format_checker:\n" + "\n".join(map(str, differ))
+
+
+def test_our_default_turn_check_differs_from_the_reference_where_the_readme_says():
+    """Our rules on the same texts (no tag fixing; <think> optional; a <tool_response> in a turn is malformed; a
+    tool name must be a non-empty string): they disagree with the reference on some cases, which is why the preset
+    switches turn_rules. The count is printed for the README, and must stay > 0 (else the option is moot)."""
+    disagree = 0
+    for case in GOLDEN["turns"]:
+        check = check_answer_turn if case["final"] else check_tool_turn
+        disagree += check(case["text"], think_prefilled=case["think_prefilled"]) != case["format_ok"]
+    print(f"our default turn check disagrees with the reference on {disagree} of {len(GOLDEN['turns'])} turns")
+    assert disagree > 0
