@@ -73,6 +73,61 @@ def refuse_reference_keys(algorithm: Mapping[str, Any]) -> None:
                          f"{fixes}. For the reference's whole training signal add +fidelity=reference_drvenus.")
 
 
+# Overrides of the reference systems' launch scripts (DR-Venus RL/train_igpo.sh, IGPO policy_optimization.sh) that are
+# not verl 0.9.1 keys, or verl keys set to a value only the reference's fork understands -> what to use here.
+# Refused before Hydra composes the config, with or without "+": a "+key" would otherwise be added and ignored.
+REFERENCE_LAUNCH_KEYS = {
+    **{f"algorithm.{key}": replacement for key, replacement in REFERENCE_KEYS.items()},
+    "actor_rollout_ref.rollout.agent.completion_cutoff": "algorithm.igpo.agent.completion_cutoff",
+    "actor_rollout_ref.rollout.agent.max_concurrent_samples": "algorithm.igpo.agent.max_concurrent_trajectories",
+    "actor_rollout_ref.actor.mask_tool_response": "nothing: observations are never trained on here (the agent loop "
+                                                  "gives them response-mask 0); remove it",
+    "agent_grpo.n": "actor_rollout_ref.rollout.n",
+    "max_turns": "algorithm.igpo.agent.max_turns (and algorithm.igpo.agent.max_turns_jitter=5 for the reference's "
+                 "jitter)",
+    "tool_timeout": "algorithm.igpo.agent.tool_timeout_s",
+    "trace_save_interval": "trainer.rollout_data_dir=<dir> (verl dumps every step's rollouts there)",
+    "trace_max_samples": "trainer.rollout_data_dir=<dir> (verl dumps every step's rollouts there)",
+    "search_engine": "the tool server's backend: TOOL_BACKEND=web|local for train_igpo.sh",
+    "codeact_env_disabled": "nothing: igpo's agent has no code-act branch; remove it",
+    "do_search": "nothing: the agent always has its tools (algorithm.igpo.agent.tool_names); remove it",
+    "data.max_model_len": "actor_rollout_ref.rollout.max_model_len (the agent's context cap follows it; "
+                          "algorithm.igpo.agent.max_context_tokens to cap it lower)",
+    "data.data_writing_path": "trainer.rollout_data_dir=<dir>",
+    "trainer.resume_dataloader_steps": "trainer.resume_mode=auto (the data loader position is checkpointed)",
+    "reward_model.train_reward_type": "reward.custom_reward_function.reward_kwargs.train_reward_type",
+    "reward_model.valid_reward_type": "nothing: validation reports f1, em and (with a judge) the judge's score per "
+                                      "sample; scripts/evaluate.py for benchmark runs",
+    "reward_model.reward_kwargs.deepthink_disabled": "nothing: igpo has no DeepThink history summarisation; remove it",
+    "reward_model.reward_kwargs": "reward.custom_reward_function.reward_kwargs",
+}
+_FORK_ONLY_VALUES = {
+    "reward_model.reward_manager": (("naive_batch",), "nothing: the outcome reward is reward.custom_reward_function "
+                                                      "(pkg://igpo.reward), with verl's own reward manager"),
+    "actor_rollout_ref.rollout.agent.agent_loop_config_path": (
+        ("dr_agent_loop",), "nothing: igpo's agent loop is registered by the igpo plugin; remove it"),
+}
+
+
+def refuse_reference_overrides(overrides: list[str]) -> None:
+    """Raise ``ValueError`` naming our key for each command-line override that sets a reference launch key
+    (``REFERENCE_LAUNCH_KEYS``), with or without a ``+``/``++``/``~`` prefix. Other overrides pass untouched."""
+    found = []
+    for override in overrides:
+        key, _, value = override.lstrip("~+").partition("=")
+        key = key.strip()
+        replacement = REFERENCE_LAUNCH_KEYS.get(key)
+        if replacement is None and key in _FORK_ONLY_VALUES:
+            needles, message = _FORK_ONLY_VALUES[key]
+            replacement = message if any(n in value for n in needles) else None
+        if replacement is not None:
+            found.append(f"{override} -> {replacement}")
+    if found:
+        raise ValueError("reference (DR-Venus / IGPO launch script) override(s) that igpo does not read: "
+                         + "; ".join(found) + ". For the reference's whole training signal add "
+                         "+fidelity=reference_drvenus.")
+
+
 def _fields(cls) -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(cls))
 

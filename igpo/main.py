@@ -2,7 +2,9 @@
 
 Before Ray starts: ``igpo.launch_plan.plan_launch`` checks the inputs and derives the GPU layout (attention,
 sequence parallelism, context window), then verl's own ``validate_config`` runs. Either one's refusal is printed as
-``igpo: configuration error: ...`` and exits 2. ``--dry-run`` stops there and prints the plan, ending with
+``igpo: configuration error: ...`` and exits 2; so does an override of the reference launch scripts
+(``igpo.config.REFERENCE_LAUNCH_KEYS``), checked before Hydra reads the command line. ``--dry-run`` stops there and
+prints the plan, ending with
 ``igpo: dry run ok: gpus=... nodes=... rollout=... tp=... sp=... context_tokens=... score_on=... ...``.
 
 ``python -m verl.trainer.main_ppo --config-path configs --config-name igpo_trainer`` runs the same config without
@@ -17,6 +19,7 @@ from pathlib import Path
 
 import hydra
 
+from igpo.config import refuse_reference_overrides
 from igpo.launch_plan import ConfigError, Environment, plan_launch
 
 CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "configs")
@@ -62,8 +65,19 @@ def main(config) -> None:
     verl_main.run_ppo(config, task_runner_class=verl_main.TaskRunnerV1)
 
 
+def check_overrides(argv: list[str]) -> None:
+    """Refuse the reference launch scripts' keys before Hydra sees them (exit 2 naming ours): with a "+" Hydra would
+    add and ignore them; without one it would print its generic "not in struct" error."""
+    try:
+        refuse_reference_overrides([a for a in argv if not a.startswith("-")])
+    except ValueError as error:
+        print(f"igpo: configuration error: {error}", file=sys.stderr)
+        sys.exit(2)
+
+
 if __name__ == "__main__":
     if DRY_RUN_FLAG in sys.argv[1:]:
         sys.argv.remove(DRY_RUN_FLAG)
         _dry_run = True
+    check_overrides(sys.argv[1:])
     main()

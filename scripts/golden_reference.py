@@ -2,7 +2,8 @@
 loaded at run time from a fetched snapshot of github.com/inclusionAI/DR-Venus, on generated inputs, and write the
 inputs with the outputs to tests/golden/drvenus_reference.json (with the snapshot's commit id).
 
-    python scripts/golden_reference.py --drvenus /path/to/DR-Venus.git [--out tests/golden/drvenus_reference.json]
+    python scripts/golden_reference.py --drvenus /path/to/DR-Venus.git --igpo /path/to/IGPO.git \
+        [--out tests/golden/drvenus_reference.json]
 
 ``--drvenus`` is a git directory (a bare one is fine: files are read with ``git show <commit>:<path>``). Nothing of
 the reference is copied into this repository: its files are written to a temporary directory, imported there, and
@@ -13,6 +14,8 @@ with the file. Functions used (paths in the snapshot):
            the request body and returns the case's fixed judge reply)
   outcome  RL/verl/utils/reward_score/format_and_f1.py compute_score (phase-1 F1/EM, set F1) and
            RL/verl/utils/reward_score/info_gain.py compute_f1 (the F1 that replaces it when IG is on, multiset F1)
+  launch   the Hydra override keys of DR-Venus RL/train_igpo.sh and of github.com/GuoqingWang1/IGPO
+           policy_optimization.sh (each must be a key of our config or refused naming ours)
   turns    RL/scrl/llm_agent/dr_agent_loop.py: the tag-fixing block of DRAgentLoop.run (located by its comments and
            executed as written), _parse_single_response and _filter_args; RL/verl/utils/reward_score/format_checker.py
            check_turn_format (the per-turn format penalty, applied by the trainer to the tag-fixed message text)
@@ -278,9 +281,29 @@ def run_turns(loop: dict, checker) -> list[dict]:
     return results
 
 
+_OVERRIDE = re.compile(r"""(?:^|[\s"'])(\+{0,2}[A-Za-z_][\w.]*)=""")
+
+
+def launch_keys(script: str) -> list[str]:
+    """Override keys (with their + prefix) of the ``python3 -m verl.trainer.main_ppo`` command of a launch script."""
+    start = script.index("verl.trainer.main_ppo")
+    lines = []
+    for line in script[start:].splitlines()[1:]:
+        if line.strip().startswith("#"):
+            continue
+        lines.append(line)
+        if not line.rstrip().endswith("\\"):
+            break
+    keys = []
+    for line in lines:
+        keys += [k for k in _OVERRIDE.findall(line) if k not in keys]
+    return keys
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--drvenus", type=Path, required=True, help="git directory of a DR-Venus snapshot")
+    parser.add_argument("--igpo", type=Path, required=True, help="git directory of a GuoqingWang1/IGPO snapshot")
     parser.add_argument("--commit", default="HEAD")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
@@ -298,6 +321,11 @@ def main(argv=None) -> int:
         data = {
             "source": "github.com/inclusionAI/DR-Venus", "commit": commit, "files": FILES,
             "generated_by": "scripts/golden_reference.py",
+            "launch": {
+                "drvenus_train_igpo": launch_keys(git(args.drvenus, "show", f"{commit}:RL/train_igpo.sh")),
+                "igpo_commit": git(args.igpo, "rev-parse", "HEAD").strip(),
+                "igpo_policy_optimization": launch_keys(git(args.igpo, "show", "HEAD:policy_optimization.sh")),
+            },
             "judge": run_judge(judge), "outcome": run_outcome(f1, ig), "turns": run_turns(loop, checker),
         }
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from omegaconf import OmegaConf
 
 import igpo.reward as reward
 from igpo.agent_config import AgentLoopConfig
+from igpo.config import refuse_reference_overrides
 from igpo.core.ground_truth import ANSWER_SPLIT
 from igpo.core.outcome import normalize_answer
 from igpo.core.turn_format import check_answer_turn, check_tool_turn, reference_tag_fix, reference_turn_ok
@@ -28,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from fake_openai import FakeOpenAI, Reply  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
+_ABSENT = object()
 GOLDEN = json.loads((REPO / "tests" / "golden" / "drvenus_reference.json").read_text())
 
 # (item, input, field) -> why it differs; README "Reference vs our default" carries the same rows.
@@ -148,3 +151,47 @@ def test_our_default_turn_check_differs_from_the_reference_where_the_readme_says
         disagree += check(case["text"], think_prefilled=case["think_prefilled"]) != case["format_ok"]
     print(f"our default turn check disagrees with the reference on {disagree} of {len(GOLDEN['turns'])} turns")
     assert disagree > 0
+
+
+@pytest.fixture(scope="module")
+def ours():
+    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base=None):
+        return compose(config_name="igpo_trainer")
+
+
+@pytest.mark.parametrize("script", ["drvenus_train_igpo", "igpo_policy_optimization"])
+def test_every_reference_launch_key_is_ours_or_refused(ours, script):
+    """Each override key of the reference launch scripts is a key of our composed config (verl's, same meaning) or
+    refused at start-up naming ours; none may be added by "+" and ignored."""
+    silent = []
+    for key in GOLDEN["launch"][script]:
+        bare = key.lstrip("+")
+        try:
+            refuse_reference_overrides([f"{key}=1"])
+        except ValueError as error:
+            assert " -> " in str(error) and bare in str(error)
+            continue
+        if OmegaConf.select(ours, bare, default=_ABSENT) is _ABSENT:
+            silent.append(key)
+    assert not silent, f"{script} keys neither in our config nor refused (add them to REFERENCE_LAUNCH_KEYS): {silent}"
+
+
+def test_fork_only_values_are_refused():
+    for override in ("reward_model.reward_manager=naive_batch",
+                     "actor_rollout_ref.rollout.agent.agent_loop_config_path=configs/dr_agent_loop.yaml"):
+        with pytest.raises(ValueError, match="nothing:"):
+            refuse_reference_overrides([override])
+    refuse_reference_overrides(["reward_model.reward_manager=naive", "trainer.logger=[console]"])
+
+
+@pytest.mark.parametrize("override, ours_key", [
+    ("+actor_rollout_ref.rollout.agent.completion_cutoff=0.9", "algorithm.igpo.agent.completion_cutoff"),
+    ("algorithm.info_gain_norm_mode=joint", "algorithm.igpo.norm_mode"),
+    ("+max_turns=200", "algorithm.igpo.agent.max_turns"),
+])
+def test_the_entry_point_exits_2_naming_our_key(override, ours_key):
+    """Before Hydra composes anything (so fast): exit 2 and our key in the message."""
+    done = subprocess.run([sys.executable, "-m", "igpo.main", "--dry-run", override], cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "igpo: configuration error" in done.stderr and ours_key in done.stderr
