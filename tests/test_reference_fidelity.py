@@ -22,7 +22,7 @@ from omegaconf import OmegaConf
 
 import igpo.reward as reward
 from igpo.config import IGPOConfig
-from igpo.core.advantage import AdvantageConfig, WarmupGate, compute_igpo_advantage, original_code_advantage
+from igpo.core.advantage import AdvantageConfig, WarmupGate
 from igpo.core.turn_format import check_answer_turn, check_tool_turn
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -216,54 +216,13 @@ def test_curriculum_applies_only_with_ig_active_in_the_reference(preset, ours):
     assert float(ref[0, 8]) == pytest.approx(0.999998, abs=TOL)
 
 
-# ---- 5. the released IGPO code's after-discount variant -----------------------------------------------------------
-def _original_loop(rewards, mask, index):
-    """A transcription of GuoqingWang1/IGPO core_algos.py (bdceb82) compute_grpo_outcome_advantage."""
-    bsz, seq_len = rewards.shape
-    returns = torch.zeros_like(rewards)
-    next_return = torch.zeros(bsz, dtype=rewards.dtype)
-    for t in reversed(range(seq_len)):
-        current = rewards[:, t] + 1.0 * next_return
-        returns[:, t] = current
-        next_return = current * mask[:, t]
-    groups = {}
-    for i in range(bsz):
-        groups.setdefault(index[i], []).append(returns[i])
-    mean = {k: torch.stack(v).mean(0) for k, v in groups.items()}
-    adv = torch.stack([returns[i] - mean[index[i]] for i in range(bsz)])
-    return adv * mask, returns * mask
+# ---- 5. the released IGPO code's option was removed (issue 24) ---------------------------------------------------
+def test_original_code_is_refused_with_the_reason():
+    # It cut the return at every observation; the released trainer sums over every response token (README).
+    with pytest.raises(ValueError, match="was removed.*before_discount"):
+        AdvantageConfig(norm_order="original_code")
 
 
-def test_original_code_hand_case():
-    # Two rollouts, one group: turn tokens 0-1, observation 2-3 (masked), answer 4-5. Rewards: IG on token 1, outcome
-    # on token 5. G_t = r_t + m_{t+1} G_{t+1}: the observation cuts the run, so the turn sees its own IG only.
-    mask = torch.tensor([[1, 1, 0, 0, 1, 1]] * 2, dtype=torch.bool)
-    rewards = torch.zeros(2, 6, dtype=torch.float64)
-    rewards[0, 1], rewards[0, 5], rewards[1, 1] = 0.5, 1.0, -0.5
-    adv, returns = original_code_advantage(rewards, mask, torch.tensor([7, 7]))
-    assert returns.tolist() == [[0.5, 0.5, 0, 0, 1, 1], [-0.5, -0.5, 0, 0, 0, 0]]
-    assert adv.tolist() == [[0.5, 0.5, 0, 0, 0.5, 0.5], [-0.5, -0.5, 0, 0, -0.5, -0.5]]
-    # Through the estimator's entry, from masks: the same numbers, whatever norm_mode says.
-    F = torch.zeros(2, 6, dtype=torch.bool)
-    F[:, 5] = True
-    I = torch.zeros_like(F)
-    I[:, 1] = True
-    out, _, _ = compute_igpo_advantage(rewards.float(), F, I, mask, torch.tensor([7, 7]),
-                                       AdvantageConfig(norm_order="original_code", norm_mode="joint"))
-    assert (out.double() - adv).abs().max() <= TOL
-
-
-def test_original_code_equals_the_released_loop_on_random_batches():
-    gen = torch.Generator().manual_seed(5)
-    rewards = torch.randn(12, 40, generator=gen, dtype=torch.float64) * (torch.rand(12, 40, generator=gen) < 0.2)
-    mask = torch.rand(12, 40, generator=gen) < 0.7
-    index = [i // 4 for i in range(12)]
-    adv, returns = original_code_advantage(rewards, mask, torch.tensor(index))
-    ref_adv, ref_returns = _original_loop(rewards, mask.double(), index)
-    assert (adv - ref_adv).abs().max() <= 1e-12 and (returns - ref_returns).abs().max() <= 1e-12
-
-
-# ---- 6. random multi-turn batches with malformed and empty turns through igpo_sync --------------------------------
 def random_records(seed, groups=3, size=4):
     """Trajectories of 1-5 turns: search/visit tools, failed scores (NaN), malformed turns, empty turns (an aborted
     generation ends on its untrained end-of-turn token)."""

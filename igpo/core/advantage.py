@@ -36,7 +36,7 @@ from torch import Tensor
 from igpo.core.token_passes import Boundaries, find_boundaries, spread, token_reward_boundaries, token_reward_masks
 
 NORM_MODES = ("joint", "separate", "scaled_separate", "raw_ig")
-NORM_ORDERS = ("before_discount", "after_discount", "original_code")
+NORM_ORDERS = ("before_discount", "after_discount")
 NORM_GROUPS = ("group", "group_turn")
 
 
@@ -63,12 +63,9 @@ class AdvantageConfig:
         ``after_discount`` (ours, not any released code): discount raw rewards into per-boundary returns (γ, turn
         level), z-score the returns with ``norm_mode`` and broadcast them without a second discount; penalties are
         added after. An experiment on the order question of GuoqingWang1/IGPO#5.
-        ``original_code``: exactly the originally released IGPO code (GuoqingWang1/IGPO ``core_algos.py`` at
-        bdceb82, ``compute_grpo_outcome_advantage``): token-level return-to-go with γ = 1 over the raw rewards
-        (IG + outcome + penalties), cut where the next token is outside ``response_mask`` (G_t = r_t + m_{t+1}·G_{t+1}),
-        minus the mean of G at the same token index over the rollouts of the prompt group (no std division, no
-        ε); A = (G − mean) · m. norm_mode, gamma, norm_adv_by_std, ig_weight, adaptive γ, norm_group and the
-        curriculum weights do not apply. Only for reproducing the paper's first runs.
+        (``original_code`` was removed, issue 24: it cut the token return at every observation, while the released
+        IGPO trainer sums it over every response token, observations included, with IG on the observation's
+        closing token; it never reproduced that trainer end to end.)
     norm_group: ``group`` pools all positions of a prompt group (reference; long trajectories dominate μ/σ of IG).
         ``group_turn`` z-scores the k-th IG position of each rollout against the k-th IG positions of the other
         rollouts of the prompt (against the depth bias, A²TGPO-style); outcome stays pooled per group.
@@ -90,13 +87,14 @@ class AdvantageConfig:
     def __post_init__(self):
         if self.norm_mode not in NORM_MODES:
             raise ValueError(f"norm_mode={self.norm_mode!r} is unknown; use one of {NORM_MODES}.")
+        if self.norm_order == "original_code":
+            raise ValueError("norm_order='original_code' was removed: it was not the released IGPO trainer end to "
+                             "end (README, 'Reference vs our default'); use 'before_discount' (the paper's order) "
+                             "or 'after_discount'.")
         if self.norm_order not in NORM_ORDERS:
             raise ValueError(f"norm_order={self.norm_order!r} is unknown; use one of {NORM_ORDERS}.")
         if self.norm_group not in NORM_GROUPS:
             raise ValueError(f"norm_group={self.norm_group!r} is unknown; use one of {NORM_GROUPS}.")
-        if self.norm_order == "original_code" and self.norm_group != "group":
-            raise ValueError("norm_order='original_code' normalizes per token index, not per boundary; norm_group="
-                             f"{self.norm_group!r} does not apply. Use norm_group='group' with it.")
         if self.norm_mode == "joint" and self.norm_group == "group_turn":
             raise ValueError("norm_group='group_turn' is not defined for norm_mode='joint' (outcome and IG share one "
                              "pool); use norm_mode='separate' or 'scaled_separate' with it, or norm_group='group'.")
@@ -452,8 +450,6 @@ def advantage_at_boundaries(
     num_groups = int(g.max()) + 1 if B else 0
     if pen is None:
         pen = np.zeros_like(r)
-    if cfg.norm_order == "original_code":
-        return _original_code_at_boundaries(bounds, r, is_f, is_i, pen, rows, response_mask, g, num_groups, K, out)
     A, gamma, stats = _turn_advantages(
         K, g.astype(np.int64), num_groups, r, is_f, is_i, pen, _MODE_CODE[cfg.norm_mode], cfg.gamma,
         cfg.adaptive_gamma_min_weight, cfg.norm_order == "after_discount", cfg.norm_group == "group_turn",
@@ -466,56 +462,6 @@ def advantage_at_boundaries(
     if not with_metrics:
         return out, out, {}
     return out, out, _metrics(stats, r, is_f, is_i, pen != 0, rows, g, num_groups, K, gamma, A, tokens)
-
-
-def original_code_advantage(rewards: Tensor, response_mask: Tensor, group: Tensor) -> tuple[Tensor, Tensor]:
-    """The originally released IGPO advantage (``norm_order="original_code"``, AdvantageConfig docstring), float64.
-
-    G_t = r_t + m_{t+1} · G_{t+1} (γ = 1, G_L = 0), A_{i,t} = (G_{i,t} − mean_{j ∈ group(i)} G_{j,t}) · m_{i,t};
-    returns (A, G · m). A group of one rollout gets A = 0, as in the original.
-    Computed without a loop over tokens: G_t = S_t − S_{e(t)+1} with S the reverse cumulative sum of r and e(t) the
-    end of t's run (the first u >= t whose next token is masked, or the last token).
-    """
-    if rewards.shape != response_mask.shape or rewards.dim() != 2:
-        raise ValueError(f"rewards {tuple(rewards.shape)} and response_mask {tuple(response_mask.shape)} must share "
-                         "one [B, L] shape.")
-    B, L = rewards.shape
-    r = rewards.double()
-    m = response_mask.bool()
-    S = torch.zeros(B, L + 1, dtype=torch.float64, device=r.device)
-    S[:, :L] = r.flip(1).cumsum(1).flip(1)
-    index = torch.arange(L, device=r.device).expand(B, L)
-    cut = torch.ones_like(m)
-    cut[:, :-1] = ~m[:, 1:]
-    marked = torch.where(cut, index, torch.full_like(index, L - 1))
-    run_end = marked.flip(1).cummin(1).values.flip(1)
-    G = S[:, :L] - S.gather(1, run_end + 1)
-    _, g = torch.unique(group, return_inverse=True)
-    num_groups = int(g.max()) + 1 if B else 0
-    sums = torch.zeros(num_groups, L, dtype=torch.float64, device=r.device).index_add_(0, g.to(r.device), G)
-    counts = torch.bincount(g, minlength=num_groups).to(r.device, torch.float64)
-    mean = sums / counts[:, None]
-    mf = m.double()
-    return (G - mean[g]) * mf, G * mf
-
-
-def _original_code_at_boundaries(bounds, r, is_f, is_i, pen, rows, response_mask, g, num_groups, K, out):
-    """``norm_order="original_code"`` from reward positions: the raw rewards (IG, outcome, penalties) laid on their
-    tokens, then ``original_code_advantage``."""
-    B, L = response_mask.shape
-    dense = torch.zeros(B * L, dtype=torch.float64)
-    dense[bounds.flat.cpu()] = torch.from_numpy(np.where(is_f | is_i, r, 0.0) + pen)
-    A, _ = original_code_advantage(dense.view(B, L), response_mask.cpu(), torch.from_numpy(g))
-    out.copy_(A.to(out.device, out.dtype))
-    at = A.reshape(-1)[bounds.flat.cpu()].numpy()
-    metrics = _metrics(np.full(4, np.nan), r, is_f, is_i, pen != 0, rows, g, num_groups, K, np.ones(B), at,
-                       np.zeros_like(at))
-    valid = response_mask.cpu()
-    if bool(valid.any()):
-        metrics["igpo/adv_abs_mean"] = float(A[valid].abs().mean())
-        metrics["igpo/adv_std"] = float(A[valid].std(unbiased=False))
-        metrics["igpo/adv_positive_ratio"] = float((A[valid] > 0).double().mean())
-    return out, out, metrics
 
 
 WARMUP_TIMINGS = ("update_then_decide", "decide_then_update")
