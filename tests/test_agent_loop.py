@@ -657,3 +657,25 @@ async def test_an_empty_first_turn_ends_on_its_untrained_end_token_and_trains(ti
         assert metrics["igpo/empty_turns"] == 2.0 and metrics["igpo/penalty_positions" if mode == "separate_channel"
                                                                else "igpo/ig_total_positions"] >= 2
         assert torch.isfinite(adv).all() and adv[~mask].abs().max() == 0
+
+
+async def test_reference_turn_rules_read_the_tag_fixed_turn(tiny_tokenizer):
+    """agent.turn_rules=reference (the preset): a call without <think> is an error turn (no tool call), non-object
+    arguments call the tool with {}, a written observation is cut away before parsing, and the final turn's stored
+    text is the tag-fixed one."""
+    no_think = '<tool_call>{"name": "search", "arguments": {"query": ["a"]}}</tool_call>'
+    bad_args = '<think>t</think><tool_call>{"name": "search", "arguments": ["a"]}</tool_call>'
+    fabricated = ('<think>t</think><tool_call>{"name": "search", "arguments": {"query": ["b"], "k": 2}}</tool_call>'
+                  '<tool_response>made up</tool_response>')
+    final = "<think>done<answer>Ada</answer>"
+    out, _, tools, _ = await rollout(tiny_tokenizer, scripted(no_think, bad_args, fabricated, final),
+                                     agent={"turn_rules": "reference"})
+    ex = out.extra_fields
+    assert ex["igpo_tool_status"] == ["malformed", "ok", "ok", "answer"]
+    assert tools.calls == [("search", {}), ("search", {"query": ["b"]})]
+    assert ex["igpo_turn_format_ok"] == [False, False, True, False]  # no <think>; list arguments; fixed; unclosed
+    assert ex["igpo_final_turn_text"] == final + "\n</think>"
+    # The same turns under our rules: the unthinking call runs, list arguments are malformed.
+    out, _, tools, _ = await rollout(tiny_tokenizer, scripted(no_think, bad_args, ANSWER))
+    assert out.extra_fields["igpo_tool_status"][:2] == ["ok", "malformed"] and tools.calls == [("search",
+                                                                                                 {"query": ["a"]})]
