@@ -1,6 +1,6 @@
 """One seed, one run — and the demo learns. `bash train_igpo.sh seed=1` twice on a short demo with the CPU rollout
-server in float64 (IGPO_CPU_ROLLOUT_DTYPE: in float32 a batch's shape moves a request's logits by ~1e-7, which now
-and then flips a sampled token — a 20-step run repeated identically through step 6, then diverged): the same
+server in its default float64 (in float32, IGPO_CPU_ROLLOUT_DTYPE=float32, a batch's shape moves a request's logits by
+~1e-7, which now and then flips a sampled token — a 20-step run repeated identically through step 6, then diverged): the same
 validation line and the same step metrics (every one but wall times and the engine-vs-actor log-prob comparison),
 and validation F1 rises. Guarded: the whole process group dies on timeout."""
 
@@ -22,8 +22,9 @@ NOT_SEEDED = re.compile(r"timing|time|perf/|throughput|progress/|rollout_probs_d
 
 
 def _run(tmp_path, name):
-    env = {**os.environ, "OUTPUT_DIR": str(tmp_path / name), "IGPO_DEVICE": "cpu", "IGPO_CPU_ROLLOUT_DTYPE": "float64"}
+    env = {**os.environ, "OUTPUT_DIR": str(tmp_path / name), "IGPO_DEVICE": "cpu"}
     env.pop("TOOL_SERVER_URL", None)
+    env.pop("IGPO_CPU_ROLLOUT_DTYPE", None)  # the default is what a user gets
     rc, out = run_guarded(["bash", "train_igpo.sh", *SHORT], env, timeout=600)
     assert rc == 0, out[-4000:]
     return out, (tmp_path / name / "train.log").read_text()
