@@ -162,7 +162,9 @@ def test_hanging_upstream_times_out_within_deadline(fake):
         start = time.monotonic()
         r = search(server, "hang longer")
         assert r["error"]["kind"] == "infra" and time.monotonic() - start < 0.8 + 0.5
-        assert httpx.get(server.url + "/health").json()["status"] == "ok"
+        health = httpx.get(server.url + "/health").json()  # the server answers and names the failing upstream
+        assert health["status"] == "degraded" and health["upstreams"]["serper"]["state"] == "down"
+        assert health["upstreams"]["jina"]["state"] == "unknown"
 
 
 def test_connection_resets_are_retried(fake):

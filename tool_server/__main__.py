@@ -66,6 +66,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "model-chosen URLs are still refused")
     p.add_argument("--env-file", type=Path, default=None,
                    help="KEY=VALUE file with secrets; variables already in the environment win")
+    p.add_argument("--probe", action="store_true",
+                   help="before serving, call each upstream once (tool_server.probe); a failure prints "
+                        "'tool_server: upstream error: <which> at <url>: <what came back>; <fix>' and exits 2")
+    p.add_argument("--probe-only", action="store_true", help="probe the upstreams as --probe does, then exit")
     p.add_argument("--log-level", default="INFO")
     return p.parse_args(argv)
 
@@ -128,6 +132,24 @@ async def serve(app, config: ServerConfig, sock: socket.socket) -> None:
     announcer.cancel()
 
 
+async def _probe(service, close: bool) -> int:
+    """Probe every upstream once; print each failure (secrets masked) or one "probe ok" line. 2 on a failure."""
+    from .probe import probe_backend
+
+    try:
+        failures = await probe_backend(service.backend)
+    finally:
+        if close:
+            await service.backend.aclose()
+    for failure in failures:
+        print(f"tool_server: {service.redact(failure.line())}", file=sys.stderr, flush=True)
+    if not failures:
+        upstreams = ", ".join(service.stats.upstream_names)
+        print(f"tool_server: probe ok ({service.backend.name} backend; upstreams: {upstreams})", file=sys.stderr,
+              flush=True)
+    return 2 if failures else 0
+
+
 def check_private_upstreams(config: ServerConfig, secrets: Secrets | None) -> None:
     """Fail at start-up, not on the first call, when a configured upstream is local but the flag is missing."""
     if config.backend != "web" or config.allow_private_upstreams:
@@ -159,10 +181,13 @@ def main(argv: list[str] | None = None) -> int:
     from .backends.local import CorpusError
 
     try:
-        app = create_app(build_service(config, secrets))
+        service = build_service(config, secrets)
     except CorpusError as exc:
         print(f"tool_server: corpus error: {exc}", file=sys.stderr)
         return 2
+    if args.probe_only:
+        return asyncio.run(_probe(service, close=True))
+    app = create_app(service)
     family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
     # proto must be IPPROTO_TCP: asyncio sets TCP_NODELAY only on such sockets, and without it Nagle + delayed
     # ACK add ~40 ms to every response uvicorn writes in two pieces
@@ -174,7 +199,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tool_server: cannot listen on {config.host}:{config.port} ({exc.strerror}); pick another --port "
               "or use --port 0 for a free one", file=sys.stderr)
         return 2
-    asyncio.run(serve(app, config, sock))
+    return asyncio.run(_probe_and_serve(service, app, config, sock, args.probe))
+
+
+async def _probe_and_serve(service, app, config: ServerConfig, sock: socket.socket, probe: bool) -> int:
+    # the probe runs in the server's event loop: the upstreams' HTTP pools are bound to the loop that used them
+    if probe and await _probe(service, close=False):
+        await service.backend.aclose()
+        sock.close()
+        return 2
+    await serve(app, config, sock)
     return 0
 
 

@@ -21,6 +21,7 @@ from .backends.local import LocalBackend
 from .cache import ResponseCache
 from .config import Secrets, ServerConfig
 from .errors import ToolError
+from .probe import probe_backend
 from .redact import Redactor
 from .service import ToolService
 from .stats import Stats
@@ -141,8 +142,18 @@ def create_app(service: ToolService) -> FastAPI:
         return JSONResponse({"detail": exc.message}, status_code=_COMPAT_STATUS.get(exc.kind, 200))
 
     @app.get("/health")
-    async def health():
-        return {"status": "ok", "backend": service.backend.name}
+    async def health(probe: bool = False):
+        """The server is up; each upstream's state from its recent calls (``ok``, ``failing``, ``down``,
+        ``unknown``); ``status`` is "degraded" when one is failing or down. ``?probe=true`` also calls each upstream
+        once now (``tool_server.probe``) and lists the failures under ``probe``."""
+        upstreams = service.stats.health()
+        bad = any(u["state"] in ("failing", "down") for u in upstreams.values())
+        body: dict = {"status": "degraded" if bad else "ok", "backend": service.backend.name,
+                      "upstreams": upstreams}
+        if probe:
+            body["probe"] = [{k: service.redact(v) for k, v in f.to_dict().items()}
+                             for f in await probe_backend(service.backend)]
+        return body
 
     @app.post("/tools/search")
     async def tools_search(req: SearchRequest):

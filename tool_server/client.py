@@ -18,6 +18,10 @@ import httpx
 TOOLS = ("search", "visit")
 _SEARCH_KEYS = {"query", "topk"}
 _VISIT_KEYS = {"url", "goal"}
+# The most text one call may carry (queries, URLs and goal together); the server's own limits are smaller
+# (ServerConfig.max_query_chars, max_goal_chars, max_url_chars) and answer bad_request, but a call far beyond them
+# is refused here, as the model's mistake, without sending a megabyte to learn that.
+MAX_ARGUMENT_CHARS = 100_000
 # httpcore 1.0's pool rescans every (queued request x connection) pair on each state change, so one pool of 256
 # busy connections spends most of the CPU in that scan (measured: ~10 ms per call at 256 in flight; still ~60% of
 # the client's CPU with pools of 32). Small pools, used round-robin, keep the scan cheap.
@@ -126,6 +130,7 @@ def tool_request(name: str, arguments: dict) -> tuple[str, dict]:
     unknown = sorted(str(k) for k in arguments if k not in allowed)
     if unknown:
         raise BadToolCall(f"unknown argument(s) {unknown}; {name} takes {sorted(allowed)}")
+    _check_sendable(name, arguments)
     if name == "search":
         queries = _str_list(arguments.get("query"), "query")
         payload: dict = {"queries": queries}
@@ -149,3 +154,23 @@ def _str_list(value, key: str) -> list[str]:
     if not isinstance(value, list) or not value or not all(isinstance(v, str) and v.strip() for v in value):
         raise BadToolCall(f"'{key}' must be a non-empty string or a non-empty list of non-empty strings")
     return list(value)
+
+
+def _check_sendable(name: str, arguments: dict) -> None:
+    """Text the model wrote that no request can carry is the model's malformed call, not an outage: a lone UTF-16
+    surrogate ("caf\\udcff", valid in a Python str, refused by every UTF-8 encoder) or arguments beyond
+    MAX_ARGUMENT_CHARS."""
+    total = 0
+    for key, value in arguments.items():
+        for text in (value if isinstance(value, list) else [value]):
+            if not isinstance(text, str):
+                continue
+            total += len(text)
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as err:
+                raise BadToolCall(f"'{key}' contains an unpaired UTF-16 surrogate at character {err.start} "
+                                  f"(\\u{ord(text[err.start]):04x}); write valid Unicode text") from None
+    if total > MAX_ARGUMENT_CHARS:
+        raise BadToolCall(f"the {name} arguments hold {total} characters; at most {MAX_ARGUMENT_CHARS} can be sent, "
+                          "so shorten the query, URL or goal")

@@ -21,13 +21,16 @@ _SEVERITY: dict[str, int] = {"infra": 3, "budget": 2, "bad_request": 1, "no_resu
 class ToolError(Exception):
     """A failure with a kind the caller can act on; ``message`` is safe to show the model (no secrets)."""
 
-    def __init__(self, kind: ErrorKind, message: str, *, retryable: bool = False) -> None:
+    def __init__(self, kind: ErrorKind, message: str, *, retryable: bool = False, reason: str | None = None) -> None:
         if kind not in ERROR_KINDS:
             raise ValueError(f"ToolError kind={kind!r} is not one of {ERROR_KINDS}")
         super().__init__(message)
         self.kind: ErrorKind = kind
         self.message = message
         self.retryable = retryable
+        # the failure class behind an infra error (connection, timeout, http_503, bad_reply, config, credentials):
+        # what /health and the trainer's infra breaker report; None when the kind says enough
+        self.reason = reason
 
     def to_dict(self) -> dict:
         return {"kind": self.kind, "message": self.message, "retryable": self.retryable}

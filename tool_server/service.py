@@ -99,6 +99,10 @@ class ToolService:
         self.dedup = InflightDedup()
         self._redact = redact
 
+    def redact(self, text: str) -> str:
+        """``text`` with every secret of this server masked."""
+        return self._redact(text)
+
     async def search(self, queries: list[str], topk: int) -> ToolResponse:
         items = await asyncio.gather(*(self._item("search", q, {"q": normalize_text(q), "topk": topk},
                                                   self.config.search_deadline_s,

@@ -1,6 +1,7 @@
 """Counters behind ``GET /stats`` (JSON) and ``GET /metrics`` (Prometheus text format 0.0.4)."""
 from __future__ import annotations
 
+import time
 from collections import Counter, defaultdict, deque
 
 import numpy as np
@@ -8,6 +9,10 @@ import numpy as np
 from .errors import ERROR_KINDS
 
 _LATENCY_WINDOW = 8192  # percentiles over the most recent calls per tool; bounded memory for long runs
+# /health judges each upstream by its most recent calls: enough to see a share failing, few enough to recover fast
+HEALTH_WINDOW = 50
+# an upstream whose recent calls fail at least this often is "failing"; every recent call failed: "down"
+FAILING_SHARE = 0.2
 
 
 class Stats:
@@ -24,6 +29,47 @@ class Stats:
         self.upstream_failures: Counter[tuple[str, str]] = Counter()  # (upstream, reason) -> attempts
         self.upstream_budget: dict[str, int | None] = {}
         self.upstream_retries: Counter[str] = Counter()  # failed attempts followed by another attempt
+        # per upstream, the outcome of its most recent calls (retries folded in): [ok, reason, message, time]
+        self.recent: dict[str, deque[list]] = {n: deque(maxlen=HEALTH_WINDOW) for n in self.upstream_names}
+
+    def call_outcome(self, upstream: str, ok: bool, reason: str | None = None, message: str = "") -> None:
+        """One upstream call ended (after its retries): ok, or failed with ``reason`` (a failure class such as
+        ``connection``, ``timeout``, ``http_503``, ``bad_reply``, ``config``) and a message safe to show."""
+        self.recent.setdefault(upstream, deque(maxlen=HEALTH_WINDOW)).append([ok, reason, message, time.time()])
+
+    def blame_last_ok(self, upstream: str, reason: str, message: str) -> None:
+        """A call the upstream answered with HTTP 2xx-4xx turned out unusable (malformed reply, a refusal only
+        configuration can cause): its most recent "ok" becomes this failure, and the class is counted."""
+        self.upstream_failures[(upstream, reason)] += 1
+        window = self.recent.setdefault(upstream, deque(maxlen=HEALTH_WINDOW))
+        for entry in reversed(window):
+            if entry[0]:
+                entry[:] = [False, reason, message, time.time()]
+                return
+        window.append([False, reason, message, time.time()])
+
+    def health(self) -> dict:
+        """Each upstream's state from its recent calls: ``unknown`` (none yet), ``ok``, ``failing`` (at least
+        FAILING_SHARE of them failed) or ``down`` (all of the last five failed), with counts and the last error."""
+        upstreams = {}
+        for name in self.upstream_names:
+            window = list(self.recent.get(name, ()))
+            failed = [e for e in window if not e[0]]
+            if not window:
+                state = "unknown"
+            elif len(window) >= 1 and all(not e[0] for e in window[-5:]):
+                state = "down"
+            elif len(failed) >= FAILING_SHARE * len(window):
+                state = "failing"
+            else:
+                state = "ok"
+            entry = {"state": state, "recent_calls": len(window), "recent_failures": len(failed),
+                     "failure_classes": dict(Counter(e[1] for e in failed))}
+            if failed:
+                entry["last_error"] = failed[-1][2]
+                entry["last_error_age_s"] = round(time.time() - failed[-1][3], 1)
+            upstreams[name] = entry
+        return upstreams
 
     def record(self, tool: str, latency_s: float, error_kind: str | None) -> None:
         self.calls[tool] += 1

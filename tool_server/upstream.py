@@ -77,14 +77,36 @@ class Upstream:
     async def aclose(self) -> None:
         await self.client.aclose()
 
-    async def request(self, method: str, url: str, *, deadline: float, headers: dict[str, str] | None = None,
-                      json_body: Any = None, oversize: Literal["error", "truncate"] = "error") -> UpstreamResponse:
-        """Send with retries until a non-retryable answer, ``max_attempts`` or ``deadline`` (time.monotonic()).
+    def blame(self, error: ToolError, reason: str) -> ToolError:
+        """Record that the call just answered was unusable (``reason``: ``bad_reply``, ``config``, ``credentials``)
+        for /stats and /health, and return ``error`` for the caller to raise."""
+        self.stats.blame_last_ok(self.name, reason, error.message)
+        return error
 
-        Returns any response that is not 429/5xx (callers interpret 4xx); raises ToolError otherwise.
+    async def request(self, method: str, url: str, *, deadline: float, headers: dict[str, str] | None = None,
+                      json_body: Any = None, oversize: Literal["error", "truncate"] = "error",
+                      attempts: int | None = None) -> UpstreamResponse:
+        """Send with retries until a non-retryable answer, ``max_attempts`` (or ``attempts``) or ``deadline``.
+
+        One deadline (time.monotonic()) bounds the call, retries included: a retry starts only when its back-off
+        (full jitter) ends before the deadline, and after a timed-out attempt only when the retry would get a whole
+        ``attempt_timeout_s`` (a shorter retry of a request that just took too long mostly adds load to a slow
+        server). Returns any response that is not 429/5xx (callers interpret 4xx); raises ToolError otherwise.
         """
-        last = "no attempt was made before the deadline"
-        for attempt in range(self.limits.max_attempts):
+        try:
+            response = await self._request(method, url, deadline, headers, json_body, oversize,
+                                           attempts or self.limits.max_attempts)
+        except ToolError as error:
+            if error.kind != "bad_request":  # a refused model-chosen URL says nothing about the upstream
+                self.stats.call_outcome(self.name, False, error.reason or error.kind, error.message)
+            raise
+        self.stats.call_outcome(self.name, True)
+        return response
+
+    async def _request(self, method: str, url: str, deadline: float, headers: dict[str, str] | None,
+                       json_body: Any, oversize: str, max_attempts: int) -> UpstreamResponse:
+        last, reason = "no attempt was made before the deadline", "deadline"
+        for attempt in range(max_attempts):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
@@ -94,6 +116,7 @@ class Upstream:
                     await self._slots.acquire()
             except TimeoutError:
                 last = f"waited {remaining:.1f}s for one of {self.limits.concurrency} {self.name} slots"
+                reason = "busy"
                 break
             response = None
             try:
@@ -121,7 +144,7 @@ class Upstream:
                     await asyncio.sleep(0)
                     return response
             self.stats.upstream_failures[(self.name, reason)] += 1
-            if attempt + 1 == self.limits.max_attempts:
+            if attempt + 1 == max_attempts:
                 break
             delay = backoff_delay(attempt, self.limits.backoff_base_s, self.limits.backoff_max_s, self._rng)
             if retry_after is not None:
@@ -131,9 +154,13 @@ class Upstream:
             if time.monotonic() + delay >= deadline:
                 last += f"; the next retry (in {delay:.1f}s) would pass the deadline"
                 break
+            if reason == "timeout" and deadline - time.monotonic() - delay < self.limits.attempt_timeout_s:
+                last += f"; a retry would get less than the {self.limits.attempt_timeout_s:.1f}s attempt timeout"
+                break
             self.stats.upstream_retries[self.name] += 1
             await asyncio.sleep(delay)
-        raise ToolError("infra", f"{self.name} is unavailable: {last}", retryable=True)
+        # the failure class of the last attempt goes with the error, for /health and the trainer's breaker
+        raise ToolError("infra", f"{self.name} is unavailable: {last}", retryable=True, reason=reason)
 
     async def _send(self, method: str, url: str, headers: dict[str, str], json_body: Any,
                     oversize: str) -> UpstreamResponse:

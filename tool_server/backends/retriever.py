@@ -27,6 +27,7 @@ from urllib.parse import urlsplit
 from ..cache import ResponseCache, cache_key
 from ..config import ServerConfig
 from ..errors import ToolError
+from ..probe import ProbeFailure
 from ..safety import TargetGuard, origin_of
 from ..stats import Stats
 from ..upstream import Upstream, UpstreamResponse
@@ -105,13 +106,33 @@ class RetrieverBackend:
         return stored["document"] if stored is not None else None
 
     async def search_one(self, query: str, topk: int, deadline: float) -> list[SearchHit]:
+        return await self._search(query, topk, deadline)
+
+    async def probe(self, deadline: float) -> list[ProbeFailure]:
+        """One real search (one attempt) before a run starts: a dead, misaddressed or misconfigured retriever is
+        found now, not as masked trajectories later."""
+        try:
+            await self._search("probe", 1, deadline, attempts=1)
+        except ToolError as error:
+            fix = ("start the retrieval server, or point RETRIEVER_URL / --retriever-url at it"
+                   if error.reason in ("connection", "timeout", "deadline", "busy") or "unavailable" in error.message
+                   else "check --retriever-url and --retriever-dialect (search_r1: POST /retrieve; flashrag: "
+                        "POST /batch_search) against the retrieval server")
+            return [ProbeFailure("retriever", self.endpoint, error.message, fix)]
+        return []
+
+    async def _search(self, query: str, topk: int, deadline: float, attempts: int | None = None) -> list[SearchHit]:
         if self.dialect == "search_r1":
             body: dict[str, Any] = {"queries": [query], "topk": topk, "return_scores": True}
         else:
             body = {"query": [query], "top_n": topk, "return_score": True}
-        response = await self.upstream.request("POST", self.endpoint, deadline=deadline, json_body=body)
-        self._check_status(response)
-        pairs = self._parse(response.json())
+        response = await self.upstream.request("POST", self.endpoint, deadline=deadline, json_body=body,
+                                               attempts=attempts)
+        try:
+            self._check_status(response)
+            pairs = self._parse(response.json())
+        except ToolError as error:
+            raise self.upstream.blame(error, error.reason or "bad_reply")
         hits = []
         for document, score in pairs[:topk]:
             doc_id = passage_id(document)
@@ -128,12 +149,16 @@ class RetrieverBackend:
         if status in _NOT_FOUND_STATUSES:
             raise ToolError("infra", f"the retriever at {self.endpoint} answered HTTP {status}: it does not serve the "
                                      f"{self.dialect} dialect there; check --retriever-url and --retriever-dialect",
-                            retryable=False)
+                            retryable=False, reason="config")
         if status in _CREDENTIAL_STATUSES:
             raise ToolError("infra", f"the retriever at {self.endpoint} refused the request (HTTP {status}); it "
-                                     "expects credentials we do not send", retryable=False)
-        # 400/413/422: the server refused this query (too long, empty after its own cleaning); another may work
-        raise ToolError("bad_request", f"the retriever rejected the query (HTTP {status})")
+                                     "expects credentials we do not send", retryable=False, reason="credentials")
+        # 400/413/422: the query reaching it is already checked here (non-empty, valid Unicode, at most
+        # max_query_chars) and the request body is the dialect's fixed schema, so only a configuration mismatch (the
+        # wrong dialect or server behind the URL) produces one: our side's failure, never the model's
+        raise ToolError("infra", f"the retriever at {self.endpoint} refused our {self.dialect} request (HTTP "
+                                 f"{status}); a configuration mismatch: check --retriever-url and "
+                                 "--retriever-dialect", retryable=False, reason="config")
 
     def _parse(self, data: Any) -> list[tuple[dict, float | None]]:
         """(document, score) pairs for our one query; raises an infra ToolError for any reply off the dialect."""
@@ -181,4 +206,4 @@ class RetrieverBackend:
 def _shape(expected: str, got: Any) -> ToolError:
     # the reply is not echoed (it may be huge); its type is enough to find the mismatch
     return ToolError("infra", f"the retriever reply has an unexpected shape: expected {expected}, got "
-                              f"{type(got).__name__}; check --retriever-dialect", retryable=True)
+                              f"{type(got).__name__}; check --retriever-dialect", retryable=True, reason="bad_reply")

@@ -5,6 +5,7 @@ the configured upstream origin and are dropped if an upstream redirects elsewher
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from typing import Any
@@ -12,6 +13,7 @@ from urllib.parse import urlsplit
 
 from ..config import Secrets, ServerConfig
 from ..errors import ToolError
+from ..probe import ProbeFailure
 from ..safety import TargetGuard, check_url_syntax, origin_of
 from ..stats import Stats
 from ..upstream import Upstream
@@ -77,6 +79,12 @@ def extract_json_object(reply: str) -> dict | None:
     return None
 
 
+def _status_line(response) -> str:
+    """``HTTP 403: <the first 200 characters of the body>`` (the server masks secrets before printing it)."""
+    text = " ".join(response.text().split())[:200]
+    return f"HTTP {response.status}" + (f": {text}" if text else "")
+
+
 def _as_text(value: Any) -> str | None:
     if isinstance(value, str):
         return value.strip()
@@ -118,8 +126,9 @@ class WebBackend:
         response = await self.serper.request("POST", self.serper_url, deadline=deadline, json_body=body,
                                              headers={"X-API-KEY": self._secrets.serper_key})
         if response.status in _CREDENTIAL_STATUSES:
-            raise ToolError("infra", f"Serper refused our credentials (HTTP {response.status}); check SERPER_KEY_ID "
-                                     "and the account's credit", retryable=False)
+            raise self.serper.blame(ToolError("infra", f"Serper refused our credentials (HTTP {response.status}); "
+                                                       "check SERPER_KEY_ID and the account's credit",
+                                              retryable=False), "credentials")
         if response.status >= 400:
             raise ToolError("bad_request", f"Serper rejected the query (HTTP {response.status})")
         data = response.json()
@@ -145,8 +154,9 @@ class WebBackend:
                      # without X-Timeout Reader may return a half-loaded page (jina-ai/reader#109)
                      "X-Timeout": str(max(1, int(self.config.jina.attempt_timeout_s) - 1))})
         if response.status in _CREDENTIAL_STATUSES:
-            raise ToolError("infra", f"Jina Reader refused our credentials (HTTP {response.status}); check "
-                                     "JINA_API_KEYS and the account's balance", retryable=False)
+            raise self.jina.blame(ToolError("infra", f"Jina Reader refused our credentials (HTTP {response.status}); "
+                                                     "check JINA_API_KEYS and the account's balance",
+                                            retryable=False), "credentials")
         if response.status >= 400:
             raise ToolError("no_results", f"the page {url[:200]} could not be read (HTTP {response.status})")
         title, page = parse_jina_page(response.text())
@@ -165,8 +175,9 @@ class WebBackend:
             response = await self.summarizer.request("POST", self.chat_url, deadline=deadline, json_body=body,
                                                      headers={"Authorization": f"Bearer {self._secrets.api_key}"})
             if response.status in _CREDENTIAL_STATUSES:
-                raise ToolError("infra", f"the summariser refused our credentials (HTTP {response.status}); check "
-                                         "API_KEY and API_BASE", retryable=False)
+                raise self.summarizer.blame(ToolError("infra", f"the summariser refused our credentials (HTTP "
+                                                               f"{response.status}); check API_KEY and API_BASE",
+                                                      retryable=False), "credentials")
             if response.status == 400 or response.status == 413:
                 # most often the prompt exceeds the model's context: retry with less of the page
                 problem = f"HTTP {response.status}"
@@ -192,6 +203,61 @@ class WebBackend:
             problem = "a reply without a JSON object holding string 'evidence' and 'summary'"
         raise ToolError("infra", f"the summariser gave {problem} {self.config.summary_attempts} times; the page "
                                  "could not be summarised", retryable=True)
+
+    async def probe(self, deadline: float) -> list[ProbeFailure]:
+        """One real call to each of Serper, Jina Reader and the summariser (one attempt each, concurrently)."""
+        checks = [
+            ("serper", self.serper_url, self._probe_serper(deadline),
+             "check SERPER_KEY_ID (and the account's credit) and SERPER_BASE_URL"),
+            ("jina", self.jina_base, self._probe_jina(deadline),
+             "check JINA_API_KEYS (and the account's balance) and JINA_BASE_URL"),
+            ("summarizer", self.chat_url, self._probe_summarizer(deadline),
+             "check API_BASE (including /v1), API_KEY and SUMMARY_MODEL_NAME"),
+        ]
+        outcomes = await asyncio.gather(*(run for _, _, run, _ in checks))
+        return [ProbeFailure(name, url, what, fix) for (name, url, _, fix), what in zip(checks, outcomes) if what]
+
+    async def _probe_serper(self, deadline: float) -> str | None:
+        try:
+            response = await self.serper.request("POST", self.serper_url, deadline=deadline, attempts=1,
+                                                 json_body={"q": "probe", "num": 1, **serper_locale("probe")},
+                                                 headers={"X-API-KEY": self._secrets.serper_key})
+            if response.status != 200:
+                return _status_line(response)
+            data = response.json()
+        except ToolError as error:
+            return error.message
+        if not isinstance(data, dict) or not isinstance(data.get("organic", []), list):
+            return "a reply without an 'organic' list (is SERPER_BASE_URL Serper?)"
+        return None
+
+    async def _probe_jina(self, deadline: float) -> str | None:
+        try:
+            response = await self.jina.request(
+                "GET", f"{self.jina_base}/https://example.com", deadline=deadline, attempts=1, oversize="truncate",
+                headers={"Authorization": f"Bearer {self._secrets.jina_key}", "Accept": "text/plain"})
+        except ToolError as error:
+            return error.message
+        if response.status != 200:
+            return _status_line(response)
+        return None if response.text().strip() else "an empty page for https://example.com"
+
+    async def _probe_summarizer(self, deadline: float) -> str | None:
+        body = {"model": self._secrets.summary_model, "max_tokens": 16,
+                "messages": [{"role": "user", "content": "Reply with the word OK."}]}
+        try:
+            response = await self.summarizer.request("POST", self.chat_url, deadline=deadline, attempts=1,
+                                                     json_body=body,
+                                                     headers={"Authorization": f"Bearer {self._secrets.api_key}"})
+            if response.status != 200:
+                return _status_line(response)
+            data = response.json()
+            data["choices"][0]["message"]
+        except ToolError as error:
+            return error.message
+        except (KeyError, IndexError, TypeError):
+            return "a reply that is not an OpenAI chat completion (is API_BASE an OpenAI-compatible /v1?)"
+        return None
 
     async def aclose(self) -> None:
         for upstream in (self.serper, self.jina, self.summarizer):
