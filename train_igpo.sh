@@ -21,11 +21,20 @@ cd "$(dirname "$0")"
 ROOT="$(pwd)"
 
 DRY_RUN=0
+PROBE=0
 ARGS=()
 for arg in "$@"; do
-    if [ "$arg" = "--dry-run" ]; then DRY_RUN=1; else ARGS+=("$arg"); fi
+    case "$arg" in
+        --dry-run) DRY_RUN=1 ;;
+        --probe) PROBE=1 ;;
+        *) ARGS+=("$arg") ;;
+    esac
 done
 config_error() { echo "igpo: configuration error: $*" >&2; exit 2; }
+upstream_errors() {  # the tool server's "tool_server: upstream error: ..." lines, as the launcher's; then exit 2
+    grep "upstream error:" "$1" | sed 's/^tool_server: /igpo: /' >&2
+    exit 2
+}
 recipe_tools() {  # the recipe's tool server (backend, top-k), unless TOOL_BACKEND / TOOL_TOPK are set
     read -r RECIPE_BACKEND RECIPE_TOPK < <("$PY" -m igpo.recipes tools "$IGPO_RECIPE") || exit 2
     TOOL_BACKEND="${TOOL_BACKEND:-$RECIPE_BACKEND}" TOOL_TOPK="${TOOL_TOPK:-$RECIPE_TOPK}"
@@ -125,8 +134,31 @@ if [ -n "${RAY_ADDRESS:-}" ]; then
     echo "igpo: joining the Ray cluster at RAY_ADDRESS=$RAY_ADDRESS"
 fi
 
+# The tool server's upstreams (retriever, Serper, Jina, summariser) are probed before anything else starts: one real
+# call each (tool_server/probe.py). A dead or misconfigured one stops the launch here with
+# "igpo: upstream error: <which> at <url>: <what came back>; <fix>" (exit 2) instead of a run of masked trajectories.
+TOOL_ARGS=(--backend "$TOOL_BACKEND" --corpus "${CORPUS:-$ROOT/data/wiki_passages_1000.jsonl}"
+           --default-topk "${TOOL_TOPK:-5}")
+probe_tool_server() {
+    local log
+    log="$(mktemp -t igpo-probe.XXXXXX.log)"
+    if [ -n "${TOOL_SERVER_URL:-}" ]; then
+        "$PY" -m tool_server.probe "$TOOL_SERVER_URL" >"$log" 2>&1 || upstream_errors "$log"
+    else
+        # shellcheck disable=SC2086  # TOOL_SERVER_ARGS is a list of flags
+        "$PY" -m tool_server "${TOOL_ARGS[@]}" ${TOOL_SERVER_ARGS:-} --probe-only >"$log" 2>&1 || {
+            grep -q "upstream error:" "$log" && upstream_errors "$log"
+            echo "igpo: the tool server's probe failed:" >&2; tail -n 20 "$log" >&2; exit 2; }
+    fi
+    grep -h "probe ok" "$log" | sed 's/^tool_server: /igpo: /'
+    rm -f "$log"
+}
+
 if [ "$DRY_RUN" = 1 ]; then
-    exec "$PY" -m igpo.main --dry-run --config-name "$CONFIG" \
+    [ "$PROBE" = 1 ] && probe_tool_server
+    PROBE_ARGS=()
+    [ "$PROBE" = 1 ] && PROBE_ARGS=(--probe)
+    exec "$PY" -m igpo.main --dry-run "${PROBE_ARGS[@]}" --config-name "$CONFIG" \
         actor_rollout_ref.model.path="$MODEL_PATH" \
         data.train_files="$TRAIN_FILE" data.val_files="$VAL_FILE" \
         "${OVERRIDES[@]}" "${ARGS[@]}"
@@ -147,32 +179,78 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
+# Where the Ray head is (RAY_ADDRESS=<host>:<port>, or ray://<host>:<port>); empty for a cluster this run starts.
+HEAD_HOST=""
+if [ -n "${RAY_ADDRESS:-}" ] && [ "$RAY_ADDRESS" != "auto" ]; then
+    HEAD_HOST="${RAY_ADDRESS#*://}"; HEAD_HOST="${HEAD_HOST%:*}"
+fi
+# The tool server must be reachable from every node's agent-loop workers (verl spreads them over all nodes). One
+# machine (no RAY_ADDRESS, or a head on 127.0.0.1 as in the CPU rehearsal): 127.0.0.1. Several machines: listen on
+# every interface and hand the workers this node's address on the route to the head (IGPO_TOOL_HOST overrides).
+TOOL_BIND=127.0.0.1 TOOL_HOST=127.0.0.1
+if [ -z "${TOOL_SERVER_URL:-}" ]; then
+    if [ "${NNODES:-1}" != 1 ] && [ -z "${RAY_ADDRESS:-}" ]; then
+        config_error "NNODES=$NNODES but no RAY_ADDRESS: a run over several nodes joins a Ray cluster started with" \
+            "'ray start' on each node; set RAY_ADDRESS=<head-ip>:6379 (README, 'Cluster')."
+    fi
+    case "$HEAD_HOST" in
+        ""|127.*|localhost|::1) ;;  # every node on this machine: 127.0.0.1 reaches the tool server
+        *)  TOOL_BIND=0.0.0.0
+            TOOL_HOST="${IGPO_TOOL_HOST:-$("$PY" -c 'import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.connect((sys.argv[1], 6379)); print(s.getsockname()[0])' \
+                "$HEAD_HOST" 2>/dev/null || true)}"
+            [ -n "$TOOL_HOST" ] || config_error "RAY_ADDRESS=$RAY_ADDRESS: cannot tell which address of this machine" \
+                "the other nodes reach (no route to $HEAD_HOST); set IGPO_TOOL_HOST=<this node's IP>, or run a tool" \
+                "server every node reaches and pass TOOL_SERVER_URL=http://<its-ip>:<port>." ;;
+    esac
+    if [ "${RAY_ADDRESS:-}" = "auto" ]; then
+        TOOL_BIND=0.0.0.0
+        TOOL_HOST="${IGPO_TOOL_HOST:-}"
+        [ -n "$TOOL_HOST" ] || config_error "RAY_ADDRESS=auto: the launcher cannot tell which address of this" \
+            "machine the other nodes reach; set RAY_ADDRESS=<head-ip>:<port>, IGPO_TOOL_HOST=<this node's IP> or" \
+            "TOOL_SERVER_URL=http://<ip>:<port> of a tool server every node reaches."
+    fi
+fi
+
 if [ -z "${TOOL_SERVER_URL:-}" ]; then
     TOOL_LOG="$RUN_DIR/tool_server.log"
-    "$PY" -u -m tool_server --backend "$TOOL_BACKEND" --corpus "${CORPUS:-$ROOT/data/wiki_passages_1000.jsonl}" \
-        --default-topk "${TOOL_TOPK:-5}" --host 127.0.0.1 --port 0 --cache "$RUN_DIR/tool_cache.sqlite" \
-        ${TOOL_SERVER_ARGS:-} > "$TOOL_LOG" 2>&1 &
+    # shellcheck disable=SC2086  # TOOL_SERVER_ARGS is a list of flags
+    "$PY" -u -m tool_server "${TOOL_ARGS[@]}" --host "$TOOL_BIND" --port 0 --cache "$RUN_DIR/tool_cache.sqlite" \
+        --probe ${TOOL_SERVER_ARGS:-} > "$TOOL_LOG" 2>&1 &
     TOOL_PID=$!
     for _ in $(seq 1 120); do
-        TOOL_SERVER_URL=$(grep -o "http://127.0.0.1:[0-9]*" "$TOOL_LOG" | head -n 1 || true)
-        [ -n "$TOOL_SERVER_URL" ] && break
-        kill -0 "$TOOL_PID" 2>/dev/null || { echo "igpo: tool_server failed to start:"; tail -n 20 "$TOOL_LOG"; exit 1; }
+        PORT=$(grep -o "tool_server listening on http://[^ ]*" "$TOOL_LOG" | head -n 1 | sed 's/.*://' || true)
+        [ -n "$PORT" ] && break
+        if ! kill -0 "$TOOL_PID" 2>/dev/null; then
+            grep -q "upstream error:" "$TOOL_LOG" && upstream_errors "$TOOL_LOG"
+            echo "igpo: tool_server failed to start:"; tail -n 20 "$TOOL_LOG"; exit 1
+        fi
         sleep 0.5
     done
-    [ -n "$TOOL_SERVER_URL" ] || { echo "igpo: tool_server did not come up in 60 s; see $TOOL_LOG"; exit 1; }
+    [ -n "$PORT" ] || { echo "igpo: tool_server did not come up in 60 s; see $TOOL_LOG"; exit 1; }
+    TOOL_SERVER_URL="http://$TOOL_HOST:$PORT"
+    grep -h "probe ok" "$TOOL_LOG" | sed 's/^tool_server: /igpo: /' || true
     echo "igpo: tool server ($TOOL_BACKEND) at $TOOL_SERVER_URL, log $TOOL_LOG"
+else
+    probe_tool_server  # a tool server this script did not start: it and its upstreams must answer now
 fi
 export TOOL_SERVER_URL
 
 # verl's TensorBoard logger writes where TENSORBOARD_DIR says (else relative to the Ray worker's directory).
 export TENSORBOARD_DIR="${TENSORBOARD_DIR:-$RUN_DIR/tensorboard}"
 echo "igpo: training log $LOG; TensorBoard: tensorboard --logdir $TENSORBOARD_DIR"
-# Ray 2.60 turns token authentication on for a new local cluster: the dashboard asks for the token Ray saved.
+# Ray 2.60 turns token authentication on for a new local cluster: the dashboard asks for the token Ray saved, and
+# a node joining a head that has one needs the same token (else `ray start --address` retries InvalidAuthToken).
+DASHBOARD="http://${HEAD_HOST:-127.0.0.1}:8265"
 if [ "${RAY_AUTH_MODE:-}" = "disabled" ]; then
-    echo "igpo: Ray dashboard at http://127.0.0.1:8265 while the job runs (token authentication disabled)"
+    echo "igpo: Ray dashboard at $DASHBOARD while the job runs (token authentication disabled)"
 else
-    echo "igpo: Ray dashboard at http://127.0.0.1:8265 while the job runs; its token: cat ~/.ray/auth_token" \
+    echo "igpo: Ray dashboard at $DASHBOARD while the job runs; its token: cat ~/.ray/auth_token on the head" \
          "(RAY_AUTH_MODE=disabled turns token authentication off on a private cluster)"
+    if [ -n "${RAY_ADDRESS:-}" ]; then
+        echo "igpo: note: with token authentication every node must hold the head's ~/.ray/auth_token before" \
+             "'ray start --address' (copy it over), or start every node with RAY_AUTH_MODE=disabled (README, 'Cluster')"
+    fi
 fi
 # The trainer runs in the foreground (Ctrl-C reaches it and Ray shuts down); the full log goes to $LOG and one line
 # per training step (plus configuration errors) to the terminal.
@@ -183,7 +261,7 @@ set +e
     algorithm.igpo.agent.tool_server_url="$TOOL_SERVER_URL" \
     trainer.default_local_dir="$RUN_DIR/checkpoints" \
     "${OVERRIDES[@]}" "${ARGS[@]}" 2>&1 | tee "$LOG" \
-    | grep --line-buffered -E "step:[0-9]+ -|igpo: (configuration error|plan|note|tool budget|warning)|Error executing job" \
+    | grep --line-buffered -E "step:[0-9]+ -|igpo: (configuration error|upstream error|plan|note|tool budget|infra breaker|warning)|Error executing job" \
     | awk '!match($0, /step:[0-9]+ -/) { sub(/^[^ ]*\([A-Za-z0-9_]+ pid=[0-9]+[^)]*\)[^ ]* /, ""); print; fflush(); next }  # no Ray actor prefix
            { line = "igpo: " substr($0, RSTART, RLENGTH - 2)
              # step i/N and the ETA (progress/* metrics of the trainer)
@@ -198,6 +276,12 @@ set +e
                  value = substr($0, RSTART + length(keys[i]) + 1, RLENGTH - length(keys[i]) - 1)
                  if (value ~ /^-?[0-9.]+([eE][-+]?[0-9]+)?$/) value = sprintf("%.3g", value)
                  line = line "  " keys[i] ":" value
+             }
+             # infrastructure failures of the step and the trajectories masked for them, whenever there are any
+             m = split("igpo/infra_errors igpo/infra_masked_trajectories igpo/infra_masked_turns", keys, " ")
+             for (i = 1; i <= m; i++) if (match($0, keys[i] ":[^ ]+")) {
+                 value = substr($0, RSTART + length(keys[i]) + 1, RLENGTH - length(keys[i]) - 1) + 0
+                 if (value != 0) line = line "  " keys[i] ":" value
              }
              print line; fflush() }'
 STATUS=${PIPESTATUS[0]}
@@ -234,4 +318,5 @@ else
     echo "igpo: tools: n/a (the trainer could not read the tool server's /stats; see $LOG)"
 fi
 grep -m 1 -o "igpo: tool budget spent.*" "$LOG" || true
+grep -m 1 -o "igpo: infra breaker:.*" "$LOG" || true
 echo "igpo: full log $LOG"

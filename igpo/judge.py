@@ -534,6 +534,39 @@ class LLMJudge:
         return JudgeVerdict(correct=None, source="failed", error=f"{error} (after {cfg.max_retries + 1} attempts)")
 
 
+JUDGE_FIX = ("check JUDGE_API_BASE (including /v1), JUDGE_API_KEY and JUDGE_MODEL_NAME in .env (or API_BASE and "
+             "API_KEY, which the judge falls back to)")
+
+
+def probe_judge(config: JudgeConfig, timeout_s: float = 30.0) -> str | None:
+    """One short real chat completion before a run starts (issue 25): None when the judge answers one, else the line
+    ``upstream error: judge at <url>: <what came back>; <fix>`` (the key masked). A judge that is down would
+    otherwise turn every judged reward into the F1 fallback (``judge_failed``) for the whole run."""
+    body: dict = {"model": config.model, "max_tokens": 16, "temperature": 0.0,
+                  "messages": [{"role": "user", "content": "Reply with: correct: yes"}]}
+    if config.enable_thinking is not None:
+        body["chat_template_kwargs"] = {"enable_thinking": config.enable_thinking}
+    headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
+    try:
+        reply = httpx.post(config.url, json=body, headers=headers, timeout=timeout_s)
+    except httpx.HTTPError as err:
+        what = f"{type(err).__name__}: {err}"
+    else:
+        if reply.status_code != 200:
+            what = f"HTTP {reply.status_code}: {' '.join(reply.text.split())[:200]}"
+        else:
+            try:
+                ok = isinstance(reply.json()["choices"][0]["message"], dict)
+            except (ValueError, KeyError, IndexError, TypeError):
+                ok = False
+            if ok:
+                return None
+            what = "a reply that is not an OpenAI chat completion"
+    if config.api_key:
+        what = what.replace(config.api_key, "***")
+    return f"upstream error: judge at {config.url}: {what}; {JUDGE_FIX}"
+
+
 def _reply_content(reply: httpx.Response) -> str | None:
     """``choices[0].message.content`` of a chat completion, or None when the body does not have it."""
     try:

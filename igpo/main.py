@@ -6,6 +6,8 @@ sequence parallelism, context window), then verl's own ``validate_config`` runs.
 (``igpo.config.REFERENCE_LAUNCH_KEYS``), checked before Hydra reads the command line. ``--dry-run`` stops there and
 prints the plan, ending with
 ``igpo: dry run ok: gpus=... nodes=... rollout=... tp=... sp=... context_tokens=... score_on=... ...``.
+A launch (and ``--dry-run --probe``) also calls the LLM judge once when a reward uses it; one that does not answer
+stops here with ``igpo: upstream error: judge at <url>: <what came back>; <fix>`` (exit 2).
 
 ``python -m verl.trainer.main_ppo --config-path configs --config-name igpo_trainer`` runs the same config without
 the planning (set the planned keys yourself).
@@ -24,7 +26,34 @@ from igpo.launch_plan import ConfigError, Environment, plan_launch
 
 CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "configs")
 DRY_RUN_FLAG = "--dry-run"
+PROBE_FLAG = "--probe"
 _dry_run = False
+_probe = False
+
+
+def probe_upstreams(config) -> list[str]:
+    """Problem lines of the upstreams this process itself depends on: the LLM judge when a reward uses it (the tool
+    server probes its own upstreams, ``tool_server.probe``). [] when all answer."""
+    from igpo.judge import JudgeConfig, probe_judge
+    from igpo.reward import OutcomeRewardConfig
+
+    from omegaconf import OmegaConf
+
+    section = OmegaConf.select(config, "reward.custom_reward_function.reward_kwargs")
+    kwargs = OmegaConf.to_container(section, resolve=True) if section is not None else {}
+    try:
+        reward = OutcomeRewardConfig.from_kwargs(kwargs)
+    except (TypeError, ValueError):
+        return []  # not our reward function's kwargs: nothing of ours to probe
+    types = {reward.train_reward_type, *dict(reward.reward_type_by_source or {}).values()}
+    if "llm" not in types:
+        return []
+    try:
+        judge = JudgeConfig.from_env(**dict(reward.judge))
+    except ValueError as error:
+        return [f"upstream error: judge: {error}"]
+    problem = probe_judge(judge)
+    return [problem] if problem else []
 
 
 def prepare(config, dry_run: bool):
@@ -57,6 +86,12 @@ def main(config) -> None:
         sys.exit(2)
     for line in plan.describe():
         print(line, flush=True)
+    if not _dry_run or _probe:  # before Ray starts: a dead judge stops the launch, not the run hours later
+        problems = probe_upstreams(config)
+        for line in problems:
+            print(f"igpo: {line}", file=sys.stderr, flush=True)
+        if problems:
+            sys.exit(2)
     if _dry_run:
         print(plan.line(), flush=True)
         return
@@ -79,5 +114,8 @@ if __name__ == "__main__":
     if DRY_RUN_FLAG in sys.argv[1:]:
         sys.argv.remove(DRY_RUN_FLAG)
         _dry_run = True
+    if PROBE_FLAG in sys.argv[1:]:  # with --dry-run: probe the upstreams too (a real launch always does)
+        sys.argv.remove(PROBE_FLAG)
+        _probe = True
     check_overrides(sys.argv[1:])
     main()

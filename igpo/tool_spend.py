@@ -8,6 +8,8 @@ running totals (``tools/*_total``) that the launcher's final summary prints:
     tools/cache_hit_ratio, ..._total             hits / (hits + misses) of the response cache (absent: no lookups)
     tools/retries                                upstream attempts that were retried after a failure
     tools/failures/<kind>                        items that ended in an error, by class (infra, budget, bad_request)
+    tools/upstream_failures/<upstream>/<class>   failed upstream attempts by class (connection, timeout, http_503,
+                                                 bad_reply, config, credentials); only the classes that occurred
     tools/cost_usd, tools/cost_usd_total         upstream attempts x ``tools.price_per_1k.<upstream>`` / 1000
     tools/budget_spent                           1 when an upstream with a budget (--budget-search ...) has spent it
 
@@ -22,6 +24,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from igpo.infra_breaker import InfraBreakerConfig
+
 logger = logging.getLogger(__name__)
 
 
@@ -32,14 +36,15 @@ class ToolSpendConfig:
 
     price_per_1k: dict[str, float] = field(default_factory=dict)
     stop_on_budget: bool = True
+    infra_breaker: InfraBreakerConfig = field(default_factory=InfraBreakerConfig)
 
     @classmethod
     def from_dict(cls, section: Mapping[str, Any] | None) -> "ToolSpendConfig":
         section = dict(section or {})
-        unknown = sorted(set(section) - {"price_per_1k", "stop_on_budget"})
+        unknown = sorted(set(section) - {"price_per_1k", "stop_on_budget", "infra_breaker"})
         if unknown:
-            raise ValueError(f"unknown key(s) tools.{unknown}: known keys are ['price_per_1k', 'stop_on_budget'] "
-                             "(see configs/igpo_base.yaml).")
+            raise ValueError(f"unknown key(s) tools.{unknown}: known keys are ['infra_breaker', 'price_per_1k', "
+                             "'stop_on_budget'] (see configs/igpo_base.yaml).")
         prices = {}
         for name, value in dict(section.get("price_per_1k") or {}).items():
             try:
@@ -49,7 +54,8 @@ class ToolSpendConfig:
                                  "calls, e.g. tools.price_per_1k.serper=1.0") from None
             if prices[str(name)] < 0:
                 raise ValueError(f"tools.price_per_1k.{name}={value} is negative; prices are >= 0.")
-        return cls(price_per_1k=prices, stop_on_budget=bool(section.get("stop_on_budget", True)))
+        return cls(price_per_1k=prices, stop_on_budget=bool(section.get("stop_on_budget", True)),
+                   infra_breaker=InfraBreakerConfig.from_dict(section.get("infra_breaker")))
 
 
 def fetch_stats(url: str, timeout_s: float = 5.0) -> dict | None:
@@ -106,6 +112,11 @@ def step_metrics(previous: Mapping | None, current: Mapping, prices: Mapping[str
         cost += made * price
         cost_total += float(entry.get("calls") or 0) * price
         retries += delta(entry.get("retries"), (before_up.get(name) or {}).get("retries"))
+        failed_before = dict((before_up.get(name) or {}).get("failures") or {})
+        for reason, n in dict(entry.get("failures") or {}).items():
+            failed = delta(n, failed_before.get(reason))
+            if failed:  # failure classes of the step (read by the infra breaker's message); absent when none
+                metrics[f"tools/upstream_failures/{name}/{reason}"] = failed
     metrics["tools/upstream_calls_total"] = upstream_total
     metrics["tools/retries"] = retries
     metrics["tools/cost_usd"] = cost

@@ -52,6 +52,7 @@ from igpo.core.scoring import validate_request
 from igpo.core.advantage import WarmupGate, advantage_at_boundaries, curriculum_weights, last_response_token
 from igpo.core.health import HealthConfig, HealthMonitor, turn_health
 from igpo.core.infra import InfraMask, infra_mask
+from igpo.infra_breaker import InfraBreaker, describe_failures
 from igpo.core.info_gain import ig_by_answer_seen, penalty_into_ig_pool, reduce_alias_logprobs, scored_boundaries, \
     turn_boundaries, turn_format_penalty, turn_information_gain
 
@@ -192,6 +193,7 @@ class IGPOTrainerSync(PPOTrainerSync):
         self._step_seconds: list[float] = []  # wall time of each step of this process (for the ETA)
         self._prompts_fetched = 0  # numbers the deterministic prompt uids (_fetch_one_gen_batch)
         self.health = HealthMonitor(HealthConfig.from_dict(_plain(config.trainer.get("health", None))))
+        self.infra_breaker = InfraBreaker(self.tool_spend.infra_breaker)
 
     # ---- one seed, one run -----------------------------------------------------------------------------------------
 
@@ -662,7 +664,28 @@ class IGPOTrainerSync(PPOTrainerSync):
             metrics["igpo/scoring_step_share"] = metrics["timing_s/igpo_scoring"] / timing_raw["step"]
         metrics.update(self._progress_metrics(timing_raw))
         self._record_tool_spend(metrics)
+        self._check_infra(metrics)
         self._check_health(metrics)
+
+    def _check_infra(self, metrics: dict) -> None:
+        """The infra-error breaker (``igpo.infra_breaker``): ``tools.infra_breaker.steps`` consecutive steps in which
+        more than ``max_share`` of the tool calls failed for infrastructure reasons save a checkpoint and stop the
+        run after this step, naming the upstream and its failure classes."""
+        calls, failures = metrics.get("igpo/tool_calls", 0.0), metrics.get("igpo/infra_errors", 0.0)
+        stop = self.infra_breaker.update(calls, failures)
+        metrics["igpo/infra_error_share"] = self.infra_breaker.last_share
+        step, total = int(self.global_steps), int(self.total_training_steps)
+        if not stop or step >= total or metrics.get("training/stopped_on_tool_budget"):
+            return
+        config = self.infra_breaker.config
+        folder = self._stop_after_this_step(metrics, "training/stopped_on_infra_errors")
+        print(f"igpo: infra breaker: {self.infra_breaker.strikes} consecutive steps with more than "
+              f"{config.max_share:.0%} of tool calls failing for infrastructure reasons (this step: {int(failures)} of "
+              f"{int(calls)}, {int(metrics.get('igpo/infra_masked_trajectories', 0))} trajectories masked); failing: "
+              f"{describe_failures(metrics, self.igpo.agent.tool_server_url)}. Stopped after step {step}/{total}; "
+              f"checkpoint {folder}. Fix the upstream (its /health on the tool server says what it answers), then "
+              "rerun with trainer.resume_mode=auto and the same trainer.default_local_dir "
+              "(tools.infra_breaker.steps=0 turns the breaker off).", flush=True)
 
     def _check_health(self, metrics: dict) -> None:
         """The early warning (``igpo.core.health``): one ``igpo: warning:`` line per finding, into the training log
@@ -759,6 +782,9 @@ class IGPOTrainerSync(PPOTrainerSync):
                 sum(name is not None for name in (e.get("igpo_tool_names") or [])) for e in extras]))
             if extras else 0.0,
             "igpo/infra_errors": total("igpo_infra_errors"),
+            # every turn that called a tool (malformed and answer turns excluded): the infra breaker's denominator
+            "igpo/tool_calls": float(sum(sum(name is not None for name in (e.get("igpo_tool_names") or []))
+                                         for e in extras)),
             "igpo/scoring_errors": total("igpo_scoring_errors"),
             "igpo/forced_final_ratio": share("igpo_forced_final"),
             "igpo/cutoff_ratio": share("igpo_cutoff"),
@@ -798,7 +824,8 @@ class IGPOTrainerSync(PPOTrainerSync):
         path = os.path.join(folder, STATE_FILE)
         report = self._checkpoint_report()
         with open(path + ".tmp", "w") as handle:
-            json.dump({"warmup_gate": self.warmup.state_dict(), "health": self.health.state(), "saved": report}, handle)
+            json.dump({"warmup_gate": self.warmup.state_dict(), "health": self.health.state(),
+                       "infra_breaker": self.infra_breaker.state(), "saved": report}, handle)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(path + ".tmp", path)
@@ -826,6 +853,7 @@ class IGPOTrainerSync(PPOTrainerSync):
                 state = json.load(handle)
             self.warmup.load_state_dict(state.get("warmup_gate", {}))
             self.health.load(state.get("health", {}))
+            self.infra_breaker.load(state.get("infra_breaker", {}))
         else:
             logger.warning("igpo: no %s in %s; the IG warm-up gate restarts from scratch", STATE_FILE, folder)
         logger.warning("igpo: resumed from %s: %s", folder, json.dumps(self._checkpoint_report(), sort_keys=True))

@@ -8,6 +8,7 @@ import torch
 
 from igpo.actor_worker import shard_requests
 from igpo.core.health import HealthMonitor
+from igpo.infra_breaker import InfraBreaker, InfraBreakerConfig
 from igpo.trainer import _turn_tensors
 
 
@@ -66,6 +67,7 @@ def _trainer(step: int = 1, total: int = 10, **igpo):
     trainer.infra_failure = trainer.igpo.infra_failure or "mask_trajectory"  # as __init__ resolves it for igpo
     trainer.global_steps, trainer.total_training_steps = step, total
     trainer.health = HealthMonitor()
+    trainer.infra_breaker = InfraBreaker(InfraBreakerConfig())
     return trainer
 
 
@@ -211,6 +213,7 @@ def test_igpo_state_is_complete_before_verl_points_resume_at_the_step(tmp_path, 
     trainer._save_checkpoint()
     assert seen["state"]["warmup_gate"] == trainer.warmup.state_dict()
     assert seen["state"]["health"] == trainer.health.state()
+    assert seen["state"]["infra_breaker"] == {"strikes": 0}
     assert seen["state"]["saved"]["global_step"] == 3
     assert not list(tmp_path.rglob("*.tmp"))
 
@@ -235,6 +238,40 @@ def test_health_warnings_stop_the_run_with_a_checkpoint_after_the_configured_str
     assert "igpo: warning: stopping after step 3/10" in out and "/ckpt/global_step_3" in out
     assert saved == [3] and trainer.total_training_steps == 3 and metrics["training/stopped_on_health"] == 1.0
     assert metrics["health/warning_streak"] == 2.0
+
+
+def test_infra_breaker_stops_the_run_with_a_checkpoint_naming_the_upstream(monkeypatch, capsys):
+    """tools.infra_breaker (max_share 0.2, steps 2): two consecutive steps with more than 20% of the tool calls failing
+    for infrastructure reasons save a checkpoint and end the run, naming the upstream and its failure classes; a
+    step under the limit in between resets the count."""
+    from omegaconf import OmegaConf
+
+    trainer = _trainer(step=1, total=10, agent={"tool_server_url": "http://127.0.0.1:1"})
+    trainer.config = OmegaConf.create({"trainer": {"default_local_dir": "/ckpt", "save_freq": -1}})
+    saved = []
+    monkeypatch.setattr(type(trainer), "_save_checkpoint", lambda self: saved.append(self.global_steps))
+    steps = [(10, 5), (10, 1), (10, 3), (12, 6)]  # 50% (strike), 10% (reset), 30% (strike), 50% (second strike)
+    for step, (calls, failed) in enumerate(steps, start=1):
+        trainer.global_steps = step
+        metrics = {"igpo/tool_calls": float(calls), "igpo/infra_errors": float(failed),
+                   "igpo/infra_masked_trajectories": float(failed), "tools/upstream_failures/retriever/http_503": 9.0,
+                   "tools/upstream_failures/retriever/timeout": 2.0}
+        trainer._check_infra(metrics)
+        assert ("training/stopped_on_infra_errors" in metrics) == (step == 4)
+    out = capsys.readouterr().out
+    assert saved == [4] and trainer.total_training_steps == 4 and metrics["igpo/infra_error_share"] == 0.5
+    assert ("igpo: infra breaker: 2 consecutive steps with more than 20% of tool calls failing for infrastructure "
+            "reasons (this step: 6 of 12, 6 trajectories masked); failing: retriever: http_503 x9, timeout x2. "
+            "Stopped after step 4/10; checkpoint /ckpt/global_step_4.") in out
+    # steps: 0 turns it off; without upstream failure classes the line names the tool server itself
+    trainer = _trainer(step=1, total=10, agent={"tool_server_url": "http://127.0.0.1:1"})
+    trainer.infra_breaker = InfraBreaker(InfraBreakerConfig(steps=0))
+    for step in (1, 2, 3):
+        trainer.global_steps, metrics = step, {"igpo/tool_calls": 4.0, "igpo/infra_errors": 4.0}
+        trainer._check_infra(metrics)
+        assert "training/stopped_on_infra_errors" not in metrics
+    from igpo.infra_breaker import describe_failures
+    assert describe_failures({}, "http://h:1").startswith("the tool server at http://h:1 (no upstream failed")
 
 
 # ---- infrastructure failures out of the learning signal (algorithm.igpo.infra_failure) ------------------------------
