@@ -19,14 +19,29 @@ with the file. Functions used (paths in the snapshot):
   turns    RL/scrl/llm_agent/dr_agent_loop.py: the tag-fixing block of DRAgentLoop.run (located by its comments and
            executed as written), _parse_single_response and _filter_args; RL/verl/utils/reward_score/format_checker.py
            check_turn_format (the per-turn format penalty, applied by the trainer to the tag-fixed message text)
+  advantage RL/verl/trainer/ppo/info_gain_advantage.py compute_grpo_info_gain_advantage (the grpo_info_gain
+           estimator), fed the way the reference feeds it on the default path (USE_ROLLOUT_IG=false): the turn filter,
+           the per-turn layout and the tool-filter expansion + format-penalty blocks of
+           RayPPOTrainer._compute_async_info_gain (ray_trainer.py, located by their comments and executed as written),
+           RL/scrl/llm_agent/prealigned_vectorized.py compute_ig_with_kv_cache (its worker call answered with the
+           records' answer log-probs) and info_gain.compute_score (the token rewards, placed on <|im_end|> anchors of
+           the token ids). Two steps are written here, not run from their code: the verl imports the estimator needs
+           (stand-ins below) and naive_batch.py's few lines that hand the answer-format penalty over as the outcome.
+           The batches are random agent-loop records (several seeds, sizes and norm modes; failed scorings, format
+           penalties, malformed turns and tool timeouts); the file keeps the records and, per trained token, the
+           reference's advantage (run-length encoded).
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import importlib.util
+import io
 import json
+import math
+import os
 import random
 import re
 import subprocess
@@ -36,6 +51,9 @@ import textwrap
 import types
 from pathlib import Path
 
+import numpy as np
+import torch
+
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO / "tests" / "golden" / "drvenus_reference.json"
 FILES = {
@@ -44,6 +62,12 @@ FILES = {
     "info_gain": "RL/verl/utils/reward_score/info_gain.py",
     "format_checker": "RL/verl/utils/reward_score/format_checker.py",
     "agent_loop": "RL/scrl/llm_agent/dr_agent_loop.py",
+}
+ESTIMATOR_FILES = {
+    "estimator": "RL/verl/trainer/ppo/info_gain_advantage.py",
+    "kv_info_gain": "RL/scrl/llm_agent/prealigned_vectorized.py",
+    "trainer": "RL/verl/trainer/ppo/ray_trainer.py",
+    "reward_manager": "RL/verl/workers/reward_manager/naive_batch.py",
 }
 
 
@@ -218,8 +242,6 @@ def random_turns(seed: int, count: int) -> list[tuple[str, bool, bool]]:
 # ---- runs -------------------------------------------------------------------------------------------------------
 def run_judge(module) -> list[dict]:
     """Each case through the reference judge with the API answered by the case's fixed reply (recorded requests)."""
-    import os
-
     os.environ["JUDGE_API_BASE"] = "http://judge.invalid/v1"
     os.environ.pop("ENABLE_JUDGE_THINKING", None)
     os.environ.pop("JUDGE_MODEL_NAME", None)
@@ -281,6 +303,257 @@ def run_turns(loop: dict, checker) -> list[dict]:
     return results
 
 
+# ---- advantage ------------------------------------------------------------------------------------------------------
+# Token ids of the responses built for the reference: only <|im_start|>, <|im_end|> and the role words matter to it.
+IM_START, IM_END, ASSISTANT, USER, NEWLINE, WORD = 1, 2, 3, 4, 5, 10
+OBSERVATION_FRAME = 9  # "\n<|im_start|>user\n" ... "<|im_end|>\n<|im_start|>assistant\n" around the tool's text
+TURN_TEXT = {  # (is the answer turn, format ok) -> an assistant message the reference's checker judges that way
+    (False, True): "<think>plan</think>\n" + TOOL, (False, False): "plan " + TOOL,
+    (True, True): "<think>plan</think>\n<answer>Paris</answer>", (True, False): "<answer>Paris</answer>",
+}
+ADVANTAGE_MODES = ("joint", "separate", "scaled_separate", "raw_ig")
+TOOL_NAMES = ("visit", "search", "Visit", "VISIT")
+
+
+class _Tokenizer:
+    """What info_gain._find_turn_boundaries_by_tokens and compute_ig_with_kv_cache ask of a tokenizer."""
+
+    pad_token_id = 0
+    _text = {IM_START: "<|im_start|>", IM_END: "<|im_end|>", ASSISTANT: "assistant", USER: "user", NEWLINE: "\n"}
+
+    def convert_tokens_to_ids(self, token):
+        return {"<|im_start|>": IM_START, "<|im_end|>": IM_END}[token]
+
+    def decode(self, ids, skip_special_tokens=False):
+        return "".join(self._text.get(int(i), "x") for i in ids)
+
+
+_ABSENT = object()
+
+
+@contextlib.contextmanager
+def verl_stand_ins(format_checker):
+    """Minimal stand-ins for the verl names the reference's estimator and trainer blocks import (AlgoConfig is only a
+    type hint, register_adv_est only registers, DataProto only carries the worker call's arguments, and the format
+    block imports the reference's own checker), installed while the reference's code runs; whatever was in
+    sys.modules before (the real verl, when installed) is put back afterwards."""
+    def module(name, **attrs):
+        m = types.ModuleType(name)
+        m.__dict__.update(attrs)
+        return m
+
+    stand_ins = {
+        "verl": module("verl"),
+        "verl.protocol": module("verl.protocol", DataProto=types.SimpleNamespace(
+            from_dict=lambda tensors=None, meta_info=None: types.SimpleNamespace(batch=tensors, meta_info=meta_info))),
+        "verl.trainer": module("verl.trainer"),
+        "verl.trainer.config": module("verl.trainer.config", AlgoConfig=object),
+        "verl.trainer.ppo": module("verl.trainer.ppo"),
+        "verl.trainer.ppo.core_algos": module("verl.trainer.ppo.core_algos", register_adv_est=lambda name: (lambda f: f)),
+        "verl.utils": module("verl.utils"),
+        "verl.utils.reward_score": module("verl.utils.reward_score"),
+        "verl.utils.reward_score.format_checker": format_checker,
+    }
+    saved = {name: sys.modules.get(name, _ABSENT) for name in stand_ins}
+    sys.modules.update(stand_ins)
+    try:
+        yield
+    finally:
+        for name, old in saved.items():
+            if old is _ABSENT:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = old
+
+
+def trainer_blocks(source: str) -> dict:
+    """The parts of RayPPOTrainer._compute_async_info_gain that turn the rollout's records into per-turn IG lists and
+    format penalties, located by their comments and compiled as written: the IG settings, step 3 (which turns are
+    scored: the tool filter and frequency), the per-turn layout handed to the scorer, and steps 5b-7 (the tool-filter
+    expansion to one entry per turn, None where unscored, and the format penalty in place of a turn's IG); and from
+    fit() the curriculum block that sets the weights the estimator reads."""
+    lines = source.splitlines()
+    begin = next(i for i, line in enumerate(lines) if "def _compute_async_info_gain" in line)
+
+    def block(first: str, stop: str):
+        start = next(i for i in range(begin, len(lines)) if first in lines[i])
+        end = next(i for i in range(start + 1, len(lines)) if stop in lines[i])
+        return compile(textwrap.dedent("\n".join(lines[start:end])), f"ray_trainer.py:{start + 1}-{end}", "exec")
+
+    fit = next(i for i, line in enumerate(lines) if "def fit(" in line)
+    curriculum = next(i for i in range(fit, len(lines)) if "# Curriculum learning: compute dynamic" in lines[i])
+    end = next(i for i in range(curriculum, len(lines)) if "batch = compute_advantage(" in lines[i])
+    blocks = {"curriculum": compile(textwrap.dedent("\n".join(lines[curriculum:end])),
+                                    f"ray_trainer.py:{curriculum + 1}-{end}", "exec"),
+              "settings": block("_ig_compute_freq = max(", "# 1. Prepare ground truths"),
+              "filter": block("# 3. Convert per-sample turn_boundaries", "# 4. Build trajectory"),
+              "layout": block("max_filtered_turns = max(", "if not kv_turn_boundaries:"),
+              "expand": block("# 5b. Tool-filter expansion", "# Count total boundaries for summary")}
+    for name, needs in (("filter", "filtered_per_sample"), ("layout", "activate_list"),
+                        ("expand", "check_turn_format")):
+        if needs not in blocks[name].co_names and needs not in str(blocks[name].co_consts):
+            raise SystemExit(f"the {name} block of {ESTIMATOR_FILES['trainer']} changed shape; read it and update "
+                             "this script")
+    return blocks
+
+
+def random_records(rng: random.Random, groups: int, size: int) -> list[dict]:
+    """Agent-loop records: per trajectory its prompt group, outcome and turns [generated tokens, observation tokens,
+    tool name, tool status, format ok, answer log-prob at the turn's start boundary or None (scoring failed)]. Tool
+    turns call visit/search in any case, or are malformed (no tool), or empty (an aborted generation: 0 generated
+    tokens, the turn ends on the untrained end-of-turn token), or time out (status infra_error); the last turn
+    answers. Some log-probs repeat the previous one (an IG of exactly 0)."""
+    records = []
+    for g in range(groups):
+        outcomes = rng.choice([(0.0, 1.0), (0.0, 0.25, 0.5, 1.0), (1.0,), (0.0,)])
+        for _ in range(size):
+            n, turns, lp = rng.randint(1, 6), [], -1.0
+            for j in range(n):
+                u = rng.random()
+                if j == n - 1:
+                    name, status = None, "answer"
+                elif u < 0.05:
+                    name, status = None, "empty"  # an aborted generation: no token of its own
+                elif u < 0.15:
+                    name, status = None, "malformed"
+                elif u < 0.3:
+                    name, status = rng.choice(TOOL_NAMES), "infra_error"
+                else:
+                    name, status = rng.choice(TOOL_NAMES), "ok"
+                ok = status != "empty" and rng.random() > (0.6 if status == "malformed" else 0.2)
+                v = rng.random()
+                lp = None if v < 0.12 else lp if (v < 0.2 and lp is not None) else round(-rng.uniform(0.05, 5.0), 4)
+                obs = 0 if j == n - 1 else OBSERVATION_FRAME + rng.randint(0, 5)
+                gen = 0 if status == "empty" else rng.randint(1, 6)
+                turns.append([gen, obs, name, "malformed" if status == "empty" else status, int(ok), lp])
+            records.append({"g": g, "outcome": rng.choice(outcomes), "turns": turns})
+    return records
+
+
+def advantage_cases(count: int) -> list[dict]:
+    cases = []
+    for seed in range(count):
+        rng = random.Random(1000 + seed)
+        config = {"norm_mode": ADVANTAGE_MODES[seed % 4], "gamma": rng.choice([0.95, 0.95, 1.0, 0.8]),
+                  "norm_adv_by_std": rng.random() > 0.25, "ig_weight": rng.choice([1.0, 1.0, 0.5, 2.0]),
+                  "adaptive_gamma_min_weight": rng.choice([0.0, 0.0, 0.3]),
+                  "ig_tool_filter": rng.choice(["visit", "visit", "search,visit", ""]),
+                  "format_penalty_scale": rng.choice([1.0, 1.0, 0.5]), "curriculum": None}
+        if seed % 3 == 2:  # the curriculum on, at some step of a run
+            total = rng.randint(5, 40)
+            config["curriculum"] = {"step": rng.randint(0, total + 5), "total": total, "f1_init": 0.5,
+                                    "f1_final": 1.0, "ig_init": rng.choice([1.0, 2.0]), "ig_final": 0.5}
+        cases.append({"seed": 1000 + seed, "config": config,
+                      "records": random_records(rng, rng.randint(1, 4), rng.randint(1, 6))})
+    return cases
+
+
+def run_length(values: list[float]) -> list[list]:
+    out: list[list] = []
+    for v in values:
+        v = round(float(v), 7)
+        if out and out[-1][0] == v:
+            out[-1][1] += 1
+        else:
+            out.append([v, 1])
+    return out
+
+
+def run_advantage(case: dict, estimator, kv, ig_module, blocks: dict) -> list[list]:
+    """One batch through the reference: records -> IG lists and penalties (trainer blocks + KV scorer) -> token
+    rewards (info_gain.compute_score, naive_batch's answer-penalty hand-over) -> grpo_info_gain. Returns, per
+    trajectory, the advantage of each generated token (run-length encoded)."""
+    cfg, records = case["config"], case["records"]
+    tokenizer = _Tokenizer()
+    ids, trained, tbs, messages = [], [], [], []
+    for rec in records:
+        row, mask, msgs, bounds = [], [], [{"role": "system", "content": "s"}, {"role": "user", "content": "q"}], []
+        for j, (gen, obs, name, _status, ok, _lp) in enumerate(rec["turns"]):
+            final = j == len(rec["turns"]) - 1
+            bounds.append({"step": j, "msg_count": len(msgs), "token_len": len(row) + 1})
+            if name is not None:  # the loop records a tool name only for a parsed call (a timeout included)
+                bounds[-1]["tool_name"] = name
+            msgs.append({"role": "assistant", "content": TURN_TEXT[(final, bool(ok))] if gen else ""})
+            row += [WORD] * (gen - 1) + [IM_END]
+            mask += [1] * gen if gen else [0]
+            if not final:
+                msgs.append({"role": "user", "content": "<tool_response>obs</tool_response>"})
+                row += [NEWLINE, IM_START, USER, NEWLINE] + [WORD] * (obs - OBSERVATION_FRAME) + \
+                       [IM_END, NEWLINE, IM_START, ASSISTANT, NEWLINE]
+                mask += [0] * obs
+        ids.append(row)
+        trained.append(mask)
+        tbs.append(bounds)
+        messages.append(msgs)
+    algo_cfg = types.SimpleNamespace(ig_compute_freq=1, info_gain_type="log_prob_diff",
+                                     ig_tool_filter=cfg["ig_tool_filter"], use_format_penalty=True,
+                                     format_penalty_scale=cfg["format_penalty_scale"])
+    scope = {"algo_cfg": algo_cfg, "math": math, "np": np, "print": lambda *a, **k: None,
+             "gen_batch_output": types.SimpleNamespace(non_tensor_batch={"turn_boundaries": tbs,
+                                                                         "messages": messages})}
+    exec(blocks["settings"], scope)
+    exec(blocks["filter"], scope)
+    scope["num_samples"] = len(records)
+    exec(blocks["layout"], scope)
+    kv_turns = scope["kv_turn_boundaries"]
+    per_turn = torch.full((len(records), max(len(kv_turns), 1), 1), float("nan"), dtype=torch.float32)
+    for si, kept in enumerate(scope["filtered_per_sample"]):
+        for ti, tb in enumerate(kept):
+            lp = records[si]["turns"][tb["step"]][5]
+            per_turn[si, ti, 0] = float("nan") if lp is None else lp
+    scorer = types.SimpleNamespace(compute_ig_with_kv_cache=lambda data: types.SimpleNamespace(
+        batch={"per_turn_log_probs": per_turn}))
+    with contextlib.redirect_stdout(io.StringIO()):
+        result = kv.compute_ig_with_kv_cache(
+            trajectory_input_ids=None, trajectory_attention_mask=None, trajectory_position_ids=None,
+            gt_token_ids=[[WORD]] * len(records), gt_idx=[[0, 1]] * len(records), turn_boundaries=kv_turns,
+            actor_rollout_wg=scorer, tokenizer=tokenizer, info_gain_type=scope["_info_gain_type"],
+            num_samples=len(records))
+    scope["ig_rewards"] = [list(r) for r in result["info_gain_rewards"]]
+    exec(blocks["expand"], scope)
+    ig_rewards, answer_penalty = scope["ig_rewards"], scope["_answer_fmt_penalties"]
+
+    length = max(len(row) for row in ids)
+    rewards = torch.zeros(len(records), length, dtype=torch.float32)  # naive_batch's reward tensor
+    valid = torch.zeros(len(records), length, dtype=torch.long)
+    for i, rec in enumerate(records):
+        valid[i, :len(ids[i])] = 1
+        # naive_batch.py: a malformed answer's penalty stands in for the outcome; without IG entries it is written
+        # straight onto the last token, otherwise handed to info_gain.compute_score as the outcome score.
+        outcome = float(np.float32(answer_penalty[i])) if answer_penalty.get(i, 0) < 0 else rec["outcome"]
+        if not ig_rewards[i]:
+            rewards[i, len(ids[i]) - 1] = outcome
+            continue
+        scores = ig_module.compute_score("", "", "", val_type="llm", info_gain_reward=ig_rewards[i],
+                                         tokenizer=tokenizer, is_validation=False, outcome_score=outcome,
+                                         original_token_ids=ids[i])
+        rewards[i, :len(ids[i])] = torch.tensor(scores, dtype=torch.float32)
+    config = types.SimpleNamespace(gamma=cfg["gamma"], info_gain_norm_mode=cfg["norm_mode"],
+                                   norm_adv_by_std_in_grpo=cfg["norm_adv_by_std"], ig_weight=cfg["ig_weight"],
+                                   adaptive_gamma_min_weight=cfg["adaptive_gamma_min_weight"], use_curriculum=False)
+    if cfg["curriculum"]:  # fit()'s block sets config._curriculum_*_weight from the step (IG is active here)
+        cur = cfg["curriculum"]
+        config.use_curriculum = True
+        for key in ("f1_init", "f1_final", "ig_init", "ig_final"):
+            setattr(config, f"curriculum_{key}", cur[key])
+        trainer = types.SimpleNamespace(config=types.SimpleNamespace(algorithm=config),
+                                        total_training_steps=cur["total"], global_steps=cur["step"])
+        exec(blocks["curriculum"], {"self": trainer, "_use_info_gain": True, "_ig_active_this_step": True,
+                                    "metrics": {}, "open_dict": lambda _: contextlib.nullcontext()})
+    index = np.array([f"q{rec['g']}" for rec in records], dtype=object)
+    with contextlib.redirect_stdout(io.StringIO()):
+        advantages, _, _ = estimator.compute_grpo_info_gain_advantage(
+            token_level_rewards=rewards, response_mask=valid, index=index, config=config)
+    return [run_length([float(advantages[i, t]) for t, m in enumerate(trained[i]) if m]) for i in range(len(records))]
+
+
+def check_turn_texts(checker) -> None:
+    for (final, ok), text in TURN_TEXT.items():
+        if bool(checker.check_turn_format(text, final)) != ok:
+            raise SystemExit(f"the reference's format checker judges {text!r} (final={final}) as {not ok}; pick "
+                             "another text for this script's TURN_TEXT")
+
+
 _OVERRIDE = re.compile(r"""(?:^|[\s"'])(\+{0,2}[A-Za-z_][\w.]*)=""")
 
 
@@ -300,12 +573,21 @@ def launch_keys(script: str) -> list[str]:
     return keys
 
 
+def dump(data: dict) -> str:
+    """The golden file: indented, except that each advantage batch is one compact line (keeps the file small)."""
+    cases = data["advantage"]["cases"]
+    head = dict(data, advantage=dict(data["advantage"], cases="@CASES@"))
+    lines = ",\n".join("  " + json.dumps(case, separators=(",", ":")) for case in cases)
+    return json.dumps(head, indent=1, ensure_ascii=False).replace('"@CASES@"', "[\n" + lines + "\n ]") + "\n"
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--drvenus", type=Path, required=True, help="git directory of a DR-Venus snapshot")
     parser.add_argument("--igpo", type=Path, required=True, help="git directory of a GuoqingWang1/IGPO snapshot")
     parser.add_argument("--commit", default="HEAD")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--advantage-cases", type=int, default=48, help="random batches for the estimator")
     args = parser.parse_args(argv)
     commit = git(args.drvenus, "rev-parse", args.commit).strip()
     sources = {key: git(args.drvenus, "show", f"{commit}:{path}") for key, path in FILES.items()}
@@ -328,10 +610,22 @@ def main(argv=None) -> int:
             },
             "judge": run_judge(judge), "outcome": run_outcome(f1, ig), "turns": run_turns(loop, checker),
         }
+        check_turn_texts(checker)
+        for key in ("IGPO_CROSSCHECK", "IGPO_IG_DIMINISH_RATE"):  # info_gain.compute_score reads them
+            os.environ.pop(key, None)
+        extra = {key: git(args.drvenus, "show", f"{commit}:{path}") for key, path in ESTIMATOR_FILES.items()}
+        blocks = trainer_blocks(extra["trainer"])
+        with verl_stand_ins(checker):
+            estimator = load_module("info_gain_advantage", extra["estimator"], work)
+            kv = load_module("prealigned_vectorized", extra["kv_info_gain"], work)
+            cases = advantage_cases(args.advantage_cases)
+            for case in cases:
+                case["advantages"] = run_advantage(case, estimator, kv, ig, blocks)
+        data["advantage"] = {"files": ESTIMATOR_FILES, "cases": cases}
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n")
+    args.out.write_text(dump(data))
     print(f"wrote {args.out}: {len(data['judge'])} judge, {len(data['outcome'])} outcome, {len(data['turns'])} turn "
-          f"cases from DR-Venus {commit[:12]}")
+          f"cases, {len(data['advantage']['cases'])} advantage batches from DR-Venus {commit[:12]}")
     return 0
 
 

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
@@ -195,3 +196,103 @@ def test_the_entry_point_exits_2_naming_our_key(override, ours_key):
                           text=True, timeout=300)
     assert done.returncode == 2, done.stderr[-2000:]
     assert "igpo: configuration error" in done.stderr and ours_key in done.stderr
+
+
+# ---- the advantage: DR-Venus' grpo_info_gain estimator on random batches --------------------------------------------
+ADVANTAGE_TOL = 1e-5
+
+
+def _advantage_trainer(preset, config: dict):
+    """The igpo_sync trainer's advantage path with the preset's algorithm section and the batch's settings (answer
+    log-probs read from the records, score_on=rollout, so no actor is needed; IG active: no warm-up gate). Built
+    without __init__, which needs Ray and the workers: only the attributes ``_igpo_advantage`` reads are set."""
+    from igpo.config import IGPOConfig
+    from igpo.core.advantage import WarmupGate
+    from igpo.trainer import IGPOTrainerSync
+
+    algorithm = OmegaConf.merge(preset.algorithm, {
+        "gamma": config["gamma"], "norm_adv_by_std_in_grpo": config["norm_adv_by_std"],
+        "igpo": {"score_on": "rollout", "ig_warmup_threshold": 0.0, "norm_mode": config["norm_mode"],
+                 "ig_weight": config["ig_weight"], "adaptive_gamma_min_weight": config["adaptive_gamma_min_weight"],
+                 "ig_tool_filter": config["ig_tool_filter"], "format_penalty_scale": config["format_penalty_scale"]}})
+    curriculum = config["curriculum"]
+    if curriculum:
+        algorithm = OmegaConf.merge(algorithm, {"igpo": {"use_curriculum": True, **{
+            f"curriculum_{key}": curriculum[key] for key in ("f1_init", "f1_final", "ig_init", "ig_final")}}})
+    trainer = object.__new__(IGPOTrainerSync)
+    trainer.igpo = IGPOConfig.from_algorithm(algorithm)
+    trainer.infra_failure = trainer.igpo.infra_failure
+    trainer.warmup = WarmupGate(0.0, trainer.igpo.ig_warmup_ema_alpha, trainer.igpo.ig_warmup_timing)
+    trainer.global_steps, trainer.total_training_steps = (curriculum["step"], curriculum["total"]) if curriculum \
+        else (1, 10)
+    return trainer
+
+
+def _agent_loop_batch(records: list[dict]):
+    """What the trainer reads for a batch: the agent loop's extra_fields, the uids, the loss mask (generated tokens;
+    observations untrained; an empty turn ends on the untrained end-of-turn token the loop appends) and rm_scores
+    (the outcome on the last response token)."""
+    masks, extras = [], []
+    for rec in records:
+        mask, ends = [], []
+        for gen, obs, *_ in rec["turns"]:
+            mask += [True] * gen if gen else [False]
+            ends.append(len(mask) - 1)
+            mask += [False] * obs
+        masks.append(mask)
+        turns = rec["turns"]
+        extras.append({"igpo_num_turns": len(turns), "igpo_turn_ends": ends,
+                       "igpo_tool_names": [t[2] for t in turns], "igpo_tool_status": [t[3] for t in turns],
+                       "igpo_turn_format_ok": [bool(t[4]) for t in turns],
+                       "igpo_answer_logprobs": [None if t[5] is None else [t[5]] for t in turns],
+                       "igpo_empty_turns": sum(t[0] == 0 for t in turns)})
+    length = max(len(m) for m in masks)
+    response_mask = torch.zeros(len(records), length, dtype=torch.bool)
+    rm_scores = torch.zeros(len(records), length)
+    for i, (rec, mask) in enumerate(zip(records, masks)):
+        response_mask[i, :len(mask)] = torch.tensor(mask)
+        rm_scores[i, len(mask) - 1] = rec["outcome"]
+    return extras, [f"q{rec['g']}" for rec in records], response_mask, rm_scores
+
+
+def _our_advantage(preset, case) -> list[list[float]]:
+    extras, uids, response_mask, rm_scores = _agent_loop_batch(case["records"])
+    trainer = _advantage_trainer(preset, case["config"])
+    advantages, _ = trainer._igpo_advantage(extras, uids, response_mask, rm_scores, {}, score_on_actor=None)
+    return [advantages[i][response_mask[i]].double().tolist() for i in range(len(extras))]
+
+
+def _expand(runs) -> list[float]:
+    return [value for value, count in runs for _ in range(count)]
+
+
+def test_golden_advantage_batches_cover_what_the_estimator_must_handle():
+    cases = GOLDEN["advantage"]["cases"]
+    turns = [t for case in cases for rec in case["records"] for t in rec["turns"]]
+    assert len(cases) >= 40 and {c["config"]["norm_mode"] for c in cases} == {"joint", "separate", "scaled_separate",
+                                                                               "raw_ig"}
+    assert sum(t[3] == "infra_error" for t in turns) >= 20  # tool timeouts
+    assert sum(t[5] is None for t in turns) >= 20  # failed scorings (failed boundaries)
+    assert sum(not t[4] for t in turns) >= 20  # format penalties
+    assert sum(t[3] == "malformed" for t in turns) >= 20
+    assert sum(t[0] == 0 for t in turns) >= 20  # empty turns (aborted generations)
+    assert sum(1 for c in cases if c["config"]["curriculum"]) >= 10
+    repeated = sum(a[5] is not None and a[5] == b[5] for c in cases for r in c["records"]
+                   for a, b in zip(r["turns"], r["turns"][1:]))
+    assert repeated >= 10  # an IG of exactly 0 (the reference writes it as 1e-10 to keep the position)
+
+
+@pytest.mark.parametrize("case", GOLDEN["advantage"]["cases"], ids=lambda c: f"seed{c['seed']}-{c['config']['norm_mode']}")
+def test_advantage_matches_the_reference_estimator(preset, case):
+    """Each batch through the trainer's own advantage path under the preset against the reference's pipeline
+    (KV-cache IG lists, tool-filter expansion, format penalty in the IG slot, token rewards on <|im_end|>,
+    grpo_info_gain): the advantage of every generated token."""
+    ours = _our_advantage(preset, case)
+    differ = []
+    for i, (row, theirs) in enumerate(zip(ours, case["advantages"])):
+        theirs = _expand(theirs)
+        assert len(row) == len(theirs), (i, len(row), len(theirs))
+        worst = max((abs(a - b) for a, b in zip(row, theirs)), default=0.0)
+        if worst > ADVANTAGE_TOL:
+            differ.append((i, worst, case["records"][i]))
+    assert not differ, f"trajectories differing from DR-Venus' grpo_info_gain: {differ}"
