@@ -1,9 +1,10 @@
 """Reference fidelity (issue #13): ``+fidelity=reference_drvenus`` reproduces DR-Venus' training signal, and each of
 our deliberate differences is an option with golden numbers on both sides.
 
-Golden cases are computed by hand in the test (the arithmetic is written out) and pinned to printed values; the
-random multi-turn batches go through ``IGPOTrainerSync._igpo_advantage`` (the igpo_sync path) and are compared with
-a loop reference of the reference's own pipeline (tests/reference_drvenus.py), <= 1e-5.
+Golden cases are computed by hand in the test (the arithmetic is written out) and pinned to printed values. The
+preset's advantage on random multi-turn batches is compared with DR-Venus' own estimator in
+tests/test_reference_golden.py (golden data from its code); here our default's options are checked against the loop
+reference of the advantage (tests/reference_advantage.py), <= 1e-5.
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ from igpo.core.turn_format import check_answer_turn, check_tool_turn
 
 sys.path.insert(0, str(Path(__file__).parent))
 from reference_advantage import reference_advantage  # noqa: E402
-from reference_drvenus import ReferenceGate, reference_step  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 TOL = 1e-5
@@ -122,7 +122,6 @@ def test_penalty_in_the_ig_pool_reproduces_the_reference(preset, ours):
     mine, _ = _advantage(_trainer(ours, ig_tool_filter="visit"), PENALTY_CASE, 9)
     assert (ref[:, 0] - torch.tensor(expected_ref, dtype=torch.float64)).abs().max() <= TOL
     assert (mine[:, 0] - torch.tensor(expected_ours, dtype=torch.float64)).abs().max() <= TOL
-    assert (ref - reference_step(PENALTY_CASE, 9)).abs().max() <= TOL
     # The option alone moves our default to the reference's placement.
     moved, _ = _advantage(_trainer(ours, ig_tool_filter="visit", format_penalty_mode="in_ig_pool"), PENALTY_CASE, 9)
     assert (moved - ref).abs().max() <= TOL
@@ -133,7 +132,12 @@ def test_penalty_of_an_unscored_turn_becomes_an_ig_position_in_the_reference(pre
     case = [dict(rec, tools=["search", None]) for rec in PENALTY_CASE]
     ref, metrics = _advantage(_trainer(preset), case, 9)
     assert metrics["igpo/ig_total_positions"] == 1.0  # only the penalty; a lone IG position has z = 0
-    assert (ref - reference_step(case, 9)).abs().max() <= TOL
+    # So rollout 3's visit turn gets 0 + 0.95 * its outcome's z; the others' first turn has no reward position of its
+    # own and shares the answer's segment: z of the outcome.
+    z_f = _z([1.0, 0.0, 0.0, 1.0])
+    expected = [z_f[0], z_f[1], z_f[2], 0.95 * z_f[3]]
+    assert (ref[:, 0] - torch.tensor(expected, dtype=torch.float64)).abs().max() <= TOL
+    assert (ref[:, 8] - torch.tensor(z_f, dtype=torch.float64)).abs().max() <= TOL
 
 
 # ---- 2. outcome reward: F1 normalization, missing answer, unbalanced tags, judge failure --------------------------
@@ -188,10 +192,8 @@ def test_gate_timing_over_three_steps(preset, ours):
     means = (0.4, 0.8, 0.9)
     mine = WarmupGate(0.5, 0.5, "update_then_decide")
     theirs = WarmupGate(0.5, 0.5, "decide_then_update")
-    loop = ReferenceGate(0.5, 0.5)
     assert [mine.update(m) for m in means] == [False, True, True]      # step 2's own outcomes open it
     assert [theirs.update(m) for m in means] == [False, False, True]   # reads EMA_{t-1}: 0.4 at step 2
-    assert [loop.step([m]) for m in means] == [False, False, True]
     assert mine.ema == pytest.approx(0.75) and theirs.ema == pytest.approx(0.75)
     # Through the trainer: the gate decision is logged per step.
     for config, expected in ((ours, [0.0, 1.0, 1.0]), (preset, [0.0, 0.0, 1.0])):
@@ -246,24 +248,6 @@ def random_records(seed, groups=3, size=4):
                 "logprobs": [float("nan") if rng.random() < 0.1 else -rng.uniform(0.2, 4.0) for _ in range(n)],
                 "outcome": rng.choice([0.0, 0.5, 1.0])})
     return records
-
-
-@pytest.mark.parametrize("seed", range(6))
-def test_preset_reproduces_the_reference_on_random_batches(preset, seed):
-    length = 60
-    # Three steps: the gate (threshold 0.45) and the curriculum (on) go through the reference's timing and scope.
-    trainer = _trainer(preset, ig_warmup_threshold=0.45, ig_warmup_ema_alpha=0.5, use_curriculum=True)
-    gate = ReferenceGate(0.45, 0.5)
-    for step in range(1, 4):
-        records = random_records(seed * 10 + step)
-        trainer.global_steps = step
-        ours, metrics = _advantage(trainer, records, length)
-        active = gate.step([rec["outcome"] for rec in records])
-        w = (0.5 + 0.5 * step / 10, 1.0 - 0.5 * step / 10) if active else (1.0, 1.0)
-        ref = reference_step(records, length, ig_active=active, curriculum=w)
-        assert metrics["igpo/ig_gate_active"] == float(active)
-        assert metrics["igpo/empty_turns"] == sum(rec["empty"] for rec in records)
-        assert (ours - ref).abs().max() <= TOL, (step, (ours - ref).abs().max())
 
 
 @pytest.mark.parametrize("seed", range(4))
