@@ -50,14 +50,14 @@ class Stats:
 
     def health(self) -> dict:
         """Each upstream's state from its recent calls: ``unknown`` (none yet), ``ok``, ``failing`` (at least
-        FAILING_SHARE of them failed) or ``down`` (all of the last five failed), with counts and the last error."""
+        FAILING_SHARE of them failed) or ``down`` (every one failed), with counts and the last error."""
         upstreams = {}
         for name in self.upstream_names:
             window = list(self.recent.get(name, ()))
             failed = [e for e in window if not e[0]]
             if not window:
                 state = "unknown"
-            elif len(window) >= 1 and all(not e[0] for e in window[-5:]):
+            elif len(failed) == len(window):
                 state = "down"
             elif len(failed) >= FAILING_SHARE * len(window):
                 state = "failing"
