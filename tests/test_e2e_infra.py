@@ -1,0 +1,79 @@
+"""End to end on CPU (issue 25, "failures surface, never train around"): `bash train_igpo.sh` with the retriever
+backend in front of (a) a dead port: the launch stops before Ray with the retriever's URL; (b) a retriever failing
+half of its queries: the infra breaker stops the run after tools.infra_breaker.steps steps with a checkpoint and its
+line; (c) one failing 5% of them: the run completes and the step lines show the masked counts."""
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from fake_upstreams import FakeUpstream, InProcessServer
+from fault_retriever import ShareFailing, bm25_reply
+from guarded_run import REPO, SEARCHING_DEMO, run_guarded
+from tool_server.config import ServerConfig
+
+pytestmark = pytest.mark.e2e
+
+
+def _env(run, **extra):
+    env = {**os.environ, "OUTPUT_DIR": str(run), "IGPO_DEVICE": "cpu", "TOOL_BACKEND": "retriever", **extra}
+    env.pop("TOOL_SERVER_URL", None)
+    return env
+
+
+def test_a_dead_retriever_stops_the_launch_before_step_1(tmp_path):
+    rc, out = run_guarded(["bash", "train_igpo.sh", "trainer.total_training_steps=2"],
+                          _env(tmp_path / "run", RETRIEVER_URL="http://127.0.0.1:9"), timeout=600)
+    assert rc == 2, out[-3000:]
+    assert re.search(r"^igpo: upstream error: retriever at http://127\.0\.0\.1:9/retrieve: .*connection error.*; "
+                     r"start the retrieval server, or point RETRIEVER_URL / --retriever-url at it$", out, re.M), out
+    assert "step:" not in out and "Ray dashboard" not in out  # nothing started
+
+
+def _world(tmp_path):
+    world = tmp_path / "world"
+    subprocess.run([sys.executable, "-m", "igpo.demo.world", "--out-dir", str(world), "--base-corpus",
+                    str(REPO / "data" / "wiki_passages_1000.jsonl")], check=True, cwd=REPO, capture_output=True)
+    return world / "corpus.jsonl"
+
+
+def _run_behind(tmp_path, share: float, args: list[str]):
+    """train_igpo.sh searching the demo world through a retriever that fails ``share`` of its queries."""
+    with InProcessServer(ServerConfig(backend="local", corpus=_world(tmp_path))) as bm25, FakeUpstream() as fake:
+        faults = ShareFailing(share, bm25_reply(bm25.url))
+        fake.defaults["/retrieve"] = faults
+        rc, out = run_guarded(["bash", "train_igpo.sh", *SEARCHING_DEMO, *args],
+                              _env(tmp_path / "run", RETRIEVER_URL=fake.url), timeout=1500)
+    print("\n".join(line for line in out.splitlines()  # what the terminal showed, for the record (pytest -s)
+                    if re.match(r"igpo: (step:|infra breaker|upstream error|probe ok|tool server)", line)))
+    return rc, out, faults
+
+
+def test_a_retriever_failing_half_its_queries_trips_the_breaker_with_a_checkpoint(tmp_path):
+    rc, out, faults = _run_behind(tmp_path, 0.5, ["trainer.total_training_steps=3", "tools.infra_breaker.steps=2"])
+    assert rc == 0, out[-4000:]
+    assert faults.failing >= 2, (faults.distinct, faults.failing)
+    line = re.search(r"igpo: infra breaker: 2 consecutive steps with more than 20% of tool calls failing for "
+                     r"infrastructure reasons \(this step: (\d+) of (\d+), (\d+) trajectories masked\); failing: "
+                     r"retriever: http_503 x\d+.*Stopped after step 2/3; checkpoint \S+global_step_2\.", out)
+    assert line, out[-4000:]
+    assert "igpo: step:2/3" in out and "igpo: step:3/3" not in out
+    checkpoints = tmp_path / "run" / "checkpoints"
+    assert (checkpoints / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
+    assert (checkpoints / "global_step_2" / "igpo_state.json").is_file()
+    # every step line shows the infrastructure failures and the trajectories masked for them
+    steps = [s for s in out.splitlines() if re.match(r"igpo: step:\d", s)]
+    assert len(steps) == 2 and all("igpo/infra_errors:" in s and "igpo/infra_masked_trajectories:" in s
+                                   for s in steps), steps
+
+
+def test_a_retriever_failing_5_percent_of_its_queries_completes_showing_the_masked_counts(tmp_path):
+    rc, out, faults = _run_behind(tmp_path, 0.05, ["trainer.total_training_steps=2"])
+    assert rc == 0, out[-4000:]
+    assert "igpo: step:2/2" in out and "infra breaker" not in out, out[-3000:]
+    steps = [s for s in out.splitlines() if re.match(r"igpo: step:\d", s)]
+    masked = [int(m) for s in steps for m in re.findall(r"igpo/infra_masked_trajectories:(\d+)", s)]
+    assert faults.failing >= 1 and sum(masked) >= 1, (steps, faults.distinct, faults.failing)
