@@ -53,6 +53,7 @@ from igpo.core.advantage import WarmupGate, advantage_at_boundaries, curriculum_
 from igpo.core.health import HealthConfig, HealthMonitor, turn_health
 from igpo.core.infra import InfraMask, infra_mask
 from igpo.infra_breaker import InfraBreaker, describe_failures
+from igpo.node_reach import require_reach_from_every_node
 from igpo.core.info_gain import ig_by_answer_seen, penalty_into_ig_pool, reduce_alias_logprobs, scored_boundaries, \
     turn_boundaries, turn_format_penalty, turn_information_gain
 
@@ -194,6 +195,10 @@ class IGPOTrainerSync(PPOTrainerSync):
         self._prompts_fetched = 0  # numbers the deterministic prompt uids (_fetch_one_gen_batch)
         self.health = HealthMonitor(HealthConfig.from_dict(_plain(config.trainer.get("health", None))))
         self.infra_breaker = InfraBreaker(self.tool_spend.infra_breaker)
+        if self.igpo.agent.tool_server_url is not None:
+            # Before the workers load a model: a node whose agent-loop workers cannot reach the tool server would
+            # have all its tool calls masked as infra failures (igpo.node_reach).
+            require_reach_from_every_node(self.igpo.agent.tool_server_url)
 
     # ---- one seed, one run -----------------------------------------------------------------------------------------
 
