@@ -80,13 +80,19 @@ def failure_classes(metrics: Mapping[str, float]) -> dict[str, dict[str, int]]:
     return out
 
 
+ATTEMPTS_NOTE = "(failed requests to the upstream since the previous step, each retry counted)"
+
+
 def describe_failures(metrics: Mapping[str, float], tool_server_url: str | None) -> str:
-    """``retriever: http_503 x12, timeout x2`` for the upstreams that failed in the step; when none did, the failures
-    were between the agent loop and the tool server (unreachable, timed out) and the line names that server."""
+    """``retriever: http_503 x12, timeout x2 (failed requests ..., each retry counted)`` for the upstreams that failed
+    in the step. The counts are the tool server's failed upstream requests, not failed tool calls: one search may
+    send several queries, each tried up to ``max_attempts`` times, so they can exceed the step's tool calls. When no
+    upstream failed, the failures were between the agent loop and the tool server (unreachable, timed out) and the
+    line names that server."""
     classes = failure_classes(metrics)
     if not classes:
         return (f"the tool server at {tool_server_url} (no upstream failed behind it: it was unreachable or too slow "
                 "for algorithm.igpo.agent.tool_timeout_s)")
     return "; ".join(f"{upstream}: " + ", ".join(f"{reason} x{n}" for reason, n in sorted(reasons.items(),
                                                                                          key=lambda kv: -kv[1]))
-                     for upstream, reasons in sorted(classes.items()))
+                     for upstream, reasons in sorted(classes.items())) + " " + ATTEMPTS_NOTE

@@ -261,7 +261,8 @@ def test_infra_breaker_stops_the_run_with_a_checkpoint_naming_the_upstream(monke
     out = capsys.readouterr().out
     assert saved == [4] and trainer.total_training_steps == 4 and metrics["igpo/infra_error_share"] == 0.5
     assert ("igpo: infra breaker: 2 consecutive steps with more than 20% of tool calls failing for infrastructure "
-            "reasons (this step: 6 of 12, 6 trajectories masked); failing: retriever: http_503 x9, timeout x2. "
+            "reasons (this step: 6 of 12, 6 trajectories masked); failing: retriever: http_503 x9, timeout x2 (failed "
+            "requests to the upstream since the previous step, each retry counted). "
             "Stopped after step 4/10; checkpoint /ckpt/global_step_4.") in out
     # steps: 0 turns it off; without upstream failure classes the line names the tool server itself
     trainer = _trainer(step=1, total=10, agent={"tool_server_url": "http://127.0.0.1:1"})
