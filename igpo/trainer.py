@@ -52,6 +52,7 @@ from igpo.core.scoring import validate_request
 from igpo.core.advantage import WarmupGate, advantage_at_boundaries, curriculum_weights, last_response_token
 from igpo.core.health import HealthConfig, HealthMonitor, turn_health
 from igpo.core.infra import InfraMask, infra_mask
+from igpo import histograms as hist
 from igpo.infra_breaker import InfraBreaker, describe_failures
 from igpo.node_reach import require_reach_from_every_node
 from igpo.core.info_gain import ig_by_answer_seen, penalty_into_ig_pool, reduce_alias_logprobs, scored_boundaries, \
@@ -160,6 +161,8 @@ def _answer_seen(extras: list[dict], num_turns: torch.Tensor, width: int) -> tup
 class IGPOTrainerSync(PPOTrainerSync):
     """verl's synchronous v1 trainer with IGPO's turn-level rewards and advantage."""
 
+    histograms = hist.StepHistograms(enabled=False)  # trainer.histograms=true: __init__ gives the run its own
+
     def __init__(self, config):
         super().__init__(config)
         self.igpo = IGPOConfig.from_algorithm(config.algorithm)
@@ -195,6 +198,7 @@ class IGPOTrainerSync(PPOTrainerSync):
         self._prompts_fetched = 0  # numbers the deterministic prompt uids (_fetch_one_gen_batch)
         self.health = HealthMonitor(HealthConfig.from_dict(_plain(config.trainer.get("health", None))))
         self.infra_breaker = InfraBreaker(self.tool_spend.infra_breaker)
+        self.histograms = hist.StepHistograms(hist.histograms_enabled(config.trainer))
         if self.igpo.agent.tool_server_url is not None:
             # Before the workers load a model: a node whose agent-loop workers cannot reach the tool server would
             # have all its tool calls masked as infra failures (igpo.node_reach).
@@ -372,6 +376,7 @@ class IGPOTrainerSync(PPOTrainerSync):
         extras = [e if isinstance(e, dict) else {} for e in data.pop("extra_fields").tolist()]
         num_turns = torch.tensor([int(e.get("igpo_num_turns") or 0) for e in extras], dtype=torch.long)
         metrics.update(self._rollout_metrics(extras, num_turns))
+        self.histograms.record(hist.TURNS, num_turns)
         metrics["igpo/infra_masked_trajectories"] = metrics["igpo/infra_masked_turns"] = 0.0  # policy: keep
         out = super()._compute_advantage(batch, metrics)
         if self._arpo_hard:  # rewrite verl's advantages with the tree average
@@ -489,6 +494,9 @@ class IGPOTrainerSync(PPOTrainerSync):
             bounds, response_mask, group, self.igpo.advantage, outcome_weight=w_outcome, ig_weight_schedule=w_ig,
             masked_turns_ok=True)
         metrics["igpo/empty_turns"] = float(sum(int(e.get("igpo_empty_turns", 0) or 0) for e in extras))
+        self.histograms.record(hist.TURN_IG, ig[ig_turn_mask])
+        self.histograms.record(hist.ADVANTAGE, advantages[response_mask])
+        self.histograms.record(hist.TURNS, num_turns)
 
         metrics.update(adv_metrics)
         metrics.update({f"igpo/{k}": v for k, v in ig_stats.items()})
@@ -660,6 +668,9 @@ class IGPOTrainerSync(PPOTrainerSync):
             advantages[keep], stats = infopo_advantage(inputs, self.infopo)
         metrics.update({f"infopo/{k}": v for k, v in stats.items()})
         metrics.update(self._rollout_metrics(extras, num_turns))
+        self.histograms.record(hist.TURN_IG, intrinsic[scored & ~infra.turns & ~infra.rows[:, None]])
+        self.histograms.record(hist.ADVANTAGE, advantages[infra.loss_mask])
+        self.histograms.record(hist.TURNS, num_turns)
         return advantages
 
     def _compute_metrics(self, batch, metrics, timing_raw, global_steps, epoch):
@@ -671,6 +682,12 @@ class IGPOTrainerSync(PPOTrainerSync):
         self._record_tool_spend(metrics)
         self._check_infra(metrics)
         self._check_health(metrics)
+        self._write_histograms()
+
+    def _write_histograms(self) -> None:
+        """This step's ``igpo/hist/*`` (``igpo.histograms``) into verl's TensorBoard event file, at its step."""
+        if self.histograms.enabled:
+            self.histograms.write(self.logger.logger["tensorboard"].writer, int(self.global_steps))
 
     def _check_infra(self, metrics: dict) -> None:
         """The infra-error breaker (``igpo.infra_breaker``): ``tools.infra_breaker.steps`` consecutive steps in which
