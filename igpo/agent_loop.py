@@ -41,6 +41,7 @@ import os
 import random
 import time
 import weakref
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -235,6 +236,10 @@ class _LoopState:
 
 _SETTINGS: dict[int, tuple[Any, _Settings]] = {}
 _FRAMES: dict[tuple[int, str], tuple[Any, ChatFrame]] = {}
+# The tool calls this process's agent loops sent, by status (ok, no_results, bad_request, infra_error): the trainer
+# reads them from each agent-loop worker to report tool calls per Ray node (igpo.node_reach.tool_calls_by_node).
+TOOL_CALLS: Counter = Counter()
+
 _LOOP_STATES: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState]" = weakref.WeakKeyDictionary()
 
 
@@ -605,6 +610,7 @@ class IGPOAgentLoop(AgentLoopBase):
             status = _STATUS_OF_ERROR_KIND.get(None if result.ok else result.error_kind, "infra_error")
             text = result.text or f"Error: the {name} tool returned no text ({status})."
         traj.tool_s += time.perf_counter() - start
+        TOOL_CALLS[status] += 1
         if status == "infra_error":
             traj.infra_errors += 1
         else:  # an infrastructure failure may be retried by the model without counting as a duplicate

@@ -12,6 +12,11 @@ cannot, with one line per node:
 
 A node whose worker does not start within the deadline is reported the same way. The check costs one task per node
 (about a second), once per launch.
+
+During the run, ``tool_calls_by_node`` asks each agent-loop worker for the tool calls its process sent, by status
+(``igpo.agent_loop.TOOL_CALLS``), and sums them per node: the trainer logs
+``igpo: tool calls by Ray node so far: <ip> <node id>: <n> (infra_error <k>); ...`` after each step of a run whose
+workers span several nodes, so a node whose calls fail shows by name.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import httpx
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from igpo.agent_loop import TOOL_CALLS
 from tool_server.client import ToolClient
 
 REACH_FIX = ("start the tool server on an address every node reaches (train_igpo.sh does so when RAY_ADDRESS names "
@@ -123,3 +129,25 @@ def require_reach_from_every_node(url: str, timeout_s: float = 10.0) -> list[Nod
     print(f"igpo: tool server at {url} reachable from every Ray node ({len(reaches)}: "
           + ", ".join(f"{r.node_ip} {r.node_id[:8]} {r.detail}" for r in reaches) + ")", flush=True)
     return reaches
+
+
+def _worker_tool_calls(worker) -> tuple[str, dict[str, int]]:
+    """Run inside an agent-loop worker (``__ray_call__``): its node and its process's tool calls by status."""
+    return ray.get_runtime_context().get_node_id(), dict(TOOL_CALLS)
+
+
+def tool_calls_by_node(workers: list, timeout_s: float = 30.0) -> dict[str, dict[str, int]]:
+    """{node id: {status: calls}} summed over the agent-loop ``workers`` (Ray actor handles) on each node."""
+    out: dict[str, dict[str, int]] = {}
+    for node_id, counts in ray.get([w.__ray_call__.remote(_worker_tool_calls) for w in workers], timeout=timeout_s):
+        node = out.setdefault(node_id, {})
+        for status, n in counts.items():
+            node[status] = node.get(status, 0) + int(n)
+    return out
+
+
+def describe_tool_calls(by_node: dict[str, dict[str, int]]) -> str:
+    """``<ip> <node id[:8]>: <calls> (infra_error <k>)`` per node, '; '-separated."""
+    ips = {n["NodeID"]: n.get("NodeManagerAddress", "?") for n in ray.nodes()}
+    return "; ".join(f"{ips.get(node, '?')} {node[:8]}: {sum(counts.values())} (infra_error "
+                     f"{counts.get('infra_error', 0)})" for node, counts in sorted(by_node.items()))

@@ -54,7 +54,7 @@ from igpo.core.health import HealthConfig, HealthMonitor, turn_health
 from igpo.core.infra import InfraMask, infra_mask
 from igpo import histograms as hist
 from igpo.infra_breaker import InfraBreaker, describe_failures
-from igpo.node_reach import require_reach_from_every_node
+from igpo.node_reach import describe_tool_calls, require_reach_from_every_node, tool_calls_by_node
 from igpo.core.info_gain import ig_by_answer_seen, penalty_into_ig_pool, reduce_alias_logprobs, scored_boundaries, \
     turn_boundaries, turn_format_penalty, turn_information_gain
 
@@ -683,6 +683,9 @@ class IGPOTrainerSync(PPOTrainerSync):
         self._check_infra(metrics)
         self._check_health(metrics)
         self._write_histograms()
+        by_node = self._tool_calls_by_node() if getattr(self, "_loop_nodes", 0) > 1 else None
+        if by_node:
+            logger.warning("igpo: tool calls by Ray node so far: %s", describe_tool_calls(by_node))
 
     def _write_histograms(self) -> None:
         """This step's ``igpo/hist/*`` (``igpo.histograms``) into verl's TensorBoard event file, at its step."""
@@ -740,6 +743,26 @@ class IGPOTrainerSync(PPOTrainerSync):
         url = self.igpo.agent.tool_server_url
         if url is not None:
             self._tool_stats = fetch_stats(url)
+        # Where verl placed the agent-loop workers (round-robin over the nodes with CPUs): with several nodes, each
+        # step logs the tool calls per node, so a node whose calls fail is named.
+        self._loop_workers = list(getattr(self.agent_loop_manager, "agent_loop_workers", None) or [])
+        nodes = self._tool_calls_by_node()
+        self._loop_nodes = len(nodes or {})
+        if nodes is not None:
+            logger.warning("igpo: %d agent-loop workers on Ray nodes %s (%d distinct)", len(self._loop_workers),
+                           json.dumps(sorted(nodes)), len(nodes))
+
+    def _tool_calls_by_node(self) -> dict | None:
+        """``igpo.node_reach.tool_calls_by_node`` of this run's agent-loop workers; None (and a warning) when they
+        cannot be asked: a report, never a reason to stop training."""
+        if not self._loop_workers:
+            return None
+        try:
+            return tool_calls_by_node(self._loop_workers)
+        except (ray.exceptions.RayError, AttributeError) as error:
+            logger.warning("igpo: could not ask the agent-loop workers for their tool calls (%s: %s)",
+                           type(error).__name__, error)
+            return None
 
     def _record_tool_spend(self, metrics: dict) -> None:
         """Log this step's ``tools/*`` metrics (``igpo.tool_spend``); when a tool budget is spent, save a checkpoint

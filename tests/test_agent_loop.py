@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+from collections import Counter
 from dataclasses import dataclass
 from typing import Callable
 
@@ -21,6 +22,7 @@ from igpo.agent_loop import (
     IGPOAgentLoop,
     PrefixPlusProbe,
     RolloutScoringUnavailable,
+    TOOL_CALLS,
 )
 from igpo.core.ground_truth import AnswerTemplate, build_probe
 
@@ -280,10 +282,13 @@ async def test_infra_errors_are_separate_from_model_errors(tiny_tokenizer):
                     Result(False, "nothing found", "no_results"), Result(True, "found")])
     tools = FakeTools(lambda name, args: next(replies))
     turns = [search(f"q{i}") for i in range(6)] + [ANSWER]
+    before = Counter(TOOL_CALLS)
     out, _, _, _ = await rollout(tiny_tokenizer, scripted(*turns), tools=tools)
     ex = out.extra_fields
     assert ex["igpo_tool_status"] == ["infra_error"] * 3 + ["bad_request", "no_results", "ok", "answer"]
     assert ex["igpo_infra_errors"] == 3
+    # The process's count of sent calls by status (read per Ray node by the trainer, igpo.node_reach)
+    assert TOOL_CALLS - before == Counter({"infra_error": 3, "bad_request": 1, "no_results": 1, "ok": 1})
 
     hanging = FakeTools(delay_s=5.0)
     out, server, _, _ = await rollout(tiny_tokenizer, scripted(search("q"), ANSWER), tools=hanging,

@@ -12,8 +12,8 @@ import ray
 from ray.cluster_utils import Cluster
 
 from fake_upstreams import FakeUpstream, InProcessServer
-from igpo.node_reach import REACH_FIX, NodeReach, ToolServerUnreachable, problem_lines, \
-    require_reach_from_every_node
+from igpo.node_reach import REACH_FIX, NodeReach, ToolServerUnreachable, describe_tool_calls, problem_lines, \
+    require_reach_from_every_node, tool_calls_by_node
 from tool_server.config import ServerConfig
 
 CORPUS = Path(__file__).resolve().parents[1] / "data" / "wiki_passages_1000.jsonl"
@@ -79,6 +79,29 @@ def test_a_url_that_is_not_the_tool_server_is_refused(two_nodes):
             require_reach_from_every_node(fake.url, timeout_s=5)
     lines = str(stopped.value).splitlines()
     assert len(lines) == 2 and all(": HTTP 404 from /health; " in line for line in lines), lines
+
+
+@ray.remote(num_cpus=0)
+class _LoopWorker:
+    """Stands in for verl's agent-loop worker: a Ray actor whose process counts its tool calls in TOOL_CALLS."""
+
+    def sent(self, statuses: list[str]) -> None:
+        from igpo.agent_loop import TOOL_CALLS
+
+        TOOL_CALLS.update(statuses)
+
+
+def test_tool_calls_are_summed_per_node_from_the_workers_there(two_nodes):
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    a, b = sorted(two_nodes)
+    # verl's round-robin: workers 0 and 2 on node a, 1 and 3 on node b
+    workers = [_LoopWorker.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote()
+               for node in (a, b, a, b)]
+    ray.get([w.sent.remote(s) for w, s in zip(workers, (["ok", "ok"], ["ok"], ["infra_error"], ["ok", "no_results"]))])
+    assert tool_calls_by_node(workers) == {a: {"ok": 2, "infra_error": 1}, b: {"ok": 2, "no_results": 1}}
+    assert describe_tool_calls(tool_calls_by_node(workers)) == (
+        f"{two_nodes[a]} {a[:8]}: 3 (infra_error 1); {two_nodes[b]} {b[:8]}: 3 (infra_error 0)")
 
 
 def test_only_the_nodes_that_cannot_reach_get_a_line():
