@@ -69,3 +69,28 @@ def test_the_knob(section, outcome):
     else:
         with pytest.raises(ValueError, match=outcome.replace("[", r"\[").replace("]", r"\]")):
             hist.histograms_enabled(config)
+
+
+def test_infopo_records_its_counterfactual_values_and_advantages(tmp_path, monkeypatch):
+    import torch
+
+    from test_infopo import _records as infopo_records, _trainer as infopo_trainer
+
+    def counterfactual(num_turns, turn_ends):
+        intrinsic = torch.tensor([[1.0, 0.0, 0.0], [-1.0, 0.5, 0.0]], dtype=torch.float64)
+        scored = torch.tensor([[True, False, False], [True, True, False]])
+        return intrinsic, scored, torch.zeros(2, 3, dtype=torch.bool)
+
+    monkeypatch.setenv("TENSORBOARD_DIR", str(tmp_path))
+    trainer = infopo_trainer()
+    trainer.histograms = hist.StepHistograms(enabled=True)
+    adv = trainer._infopo_advantage(*infopo_records(outcome=(1.0, 0.0)), {}, counterfactual)
+    trainer.logger = Tracking(project_name="p", experiment_name="e", default_backend=["tensorboard"])
+    trainer._write_histograms()
+    trainer.logger.finish()
+    found = _event_histograms(tmp_path)
+    ig = found[hist.TURN_IG][0].histogram_value
+    assert (ig.num, ig.min, ig.max, ig.sum) == (3, -1.0, 1.0, 0.5)  # the three scored turns only
+    advantage = found[hist.ADVANTAGE][0].histogram_value
+    assert advantage.num == 14 and advantage.sum == pytest.approx(float(adv[:, [0, 1, 2, 6, 7, 10, 11]].sum()))
+    assert found[hist.TURNS][0].histogram_value.num == 2
