@@ -71,8 +71,16 @@ if [ "$GPUS" -gt 0 ]; then
         gpu1) PRESET_ARGS=(gpu_preset=gpu1) ;;
         *) config_error "IGPO_PRESET=$PRESET is not node8 or gpu1." ;;
     esac
-    # A GPU job runs in the GPU environment (vLLM, CUDA torch), never in the CPU .venv; a dry run needs only verl.
-    if [ "$DRY_RUN" = 1 ]; then IGPO_ENV="${IGPO_ENV:-cpu}"; else IGPO_ENV=gpu; fi
+    # A GPU job runs in the GPU environment (vLLM, CUDA torch), never in the CPU .venv. A dry run plans in that
+    # environment when it exists (IGPO_PYTHON or .venv-gpu/: the same flash-attn, so the same attention plan), else in
+    # the CPU one, which has all a plan needs (verl) without installing the GPU stack.
+    if [ "$DRY_RUN" = 1 ]; then
+        if [ -z "${IGPO_ENV:-}" ]; then
+            if [ -n "${IGPO_PYTHON:-}" ] || [ -x .venv-gpu/bin/python ]; then IGPO_ENV=gpu; else IGPO_ENV=cpu; fi
+        fi
+    else
+        IGPO_ENV=gpu
+    fi
     export IGPO_ENV
     source scripts/env.sh
     if [ -n "${IGPO_RECIPE:-}" ]; then

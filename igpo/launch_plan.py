@@ -9,7 +9,9 @@
    (which ``igpo_sync`` does not run);
 2. on GPUs, derives the keys of the ``igpo_launch`` section into verl's:
    attention     flash_attention_2 + remove-padding when flash-attn imports, else sdpa without remove-padding and
-                 sequence parallelism 1 (verl's Ulysses path patches only the flash-attention forward);
+                 sequence parallelism 1 (verl's Ulysses path patches only the flash-attention forward); under sdpa
+                 one GPU holds a whole trajectory's logits, so the context is capped at what one GPU holds
+                 (``sdpa_tokens_per_gpu``; the GPU measured, or ``igpo_launch.gpu_memory_gb`` in a dry run);
    sequence par. the smallest Ulysses degree that divides the GPUs per node and the attention heads and with which one
                  trajectory fits ``tokens_per_gpu`` (verl's dynamic batching needs context <= tokens_per_gpu · sp);
    context       ``rollout.max_model_len`` = prompt_length + response_length, checked against the model's window
@@ -50,13 +52,18 @@ class Environment:
 
     flash_attn: bool
     planning_only: bool = False
+    gpu_memory_gb: float | None = None  # one GPU of this machine (the smallest), None without GPUs
 
     @staticmethod
     def detect(dry_run: bool) -> "Environment":
         import torch
 
+        memory = None
+        if torch.cuda.is_available():
+            memory = min(torch.cuda.get_device_properties(i).total_memory
+                         for i in range(torch.cuda.device_count())) / 1e9
         return Environment(flash_attn=importlib.util.find_spec("flash_attn") is not None,
-                           planning_only=dry_run and not torch.cuda.is_available())
+                           planning_only=dry_run and not torch.cuda.is_available(), gpu_memory_gb=memory)
 
 
 @dataclass
@@ -176,17 +183,37 @@ def plan_launch(config: Any, env: Environment) -> Plan:
     tokens_per_gpu = int(launch.get("tokens_per_gpu", arr.actor.ppo_max_token_len_per_gpu))
     sp = _sequence_parallel(launch.get("sequence_parallel", "auto"), attention, context, tokens_per_gpu,
                             gpus_per_node, heads, kv_heads)
-    if context > tokens_per_gpu * sp:
-        if attention == "sdpa" and str(launch.get("sequence_parallel", "auto")) == "auto":
-            notes.append(f"without sequence parallelism one GPU holds a whole trajectory: tokens per GPU raised from "
-                         f"{tokens_per_gpu} to {context} (memory grows with it; flash-attn would spread it over "
-                         f"{_smallest_sp(context, tokens_per_gpu, gpus_per_node, heads, kv_heads) or '?'} GPUs)")
-            tokens_per_gpu = context
-        else:
-            raise ConfigError(
-                f"one trajectory ({context} tokens) does not fit igpo_launch.tokens_per_gpu={tokens_per_gpu} x "
-                f"sequence parallel {sp}; raise igpo_launch.sequence_parallel (up to {gpus_per_node}) or "
-                f"igpo_launch.tokens_per_gpu to {math.ceil(context / sp)}, or lower data.max_response_length.")
+    max_model_len = rollout.get("max_model_len")
+    if attention == "sdpa":
+        # Without remove-padding verl materialises the logits of every token of a micro-batch at once: one GPU must
+        # hold a whole trajectory's (sequence parallelism needs flash-attn), so the context is what one GPU holds.
+        memory_gb = env.gpu_memory_gb or float(launch.get("gpu_memory_gb") or DEFAULT_GPU_MEMORY_GB)
+        fits = sdpa_tokens_per_gpu(model, memory_gb)
+        if fits is None:
+            fits = tokens_per_gpu
+            notes.append(f"sdpa memory not estimated (model config unreadable): one GPU is planned to hold "
+                         f"igpo_launch.tokens_per_gpu={tokens_per_gpu} tokens")
+        planned_len = min(context, int(max_model_len)) if max_model_len is not None else context
+        if planned_len > fits:
+            smallest = _smallest_sp(context, tokens_per_gpu, gpus_per_node, heads, kv_heads)
+            cap = (f"context capped at {fits} tokens (of {planned_len}): attention sdpa without remove-padding "
+                   f"holds at most ~{fits} tokens on one {memory_gb:g} GB GPU (full-vocabulary logits of every "
+                   f"token); trajectories end, flagged, at rollout.max_model_len={fits}. For the whole context "
+                   f"install flash-attn ({FLASH_ATTN_INSTALL}): remove-padding"
+                   + (f" and sequence parallelism over {smallest} GPUs" if smallest and smallest > 1 else ""))
+            if fits < int(rollout.prompt_length) + _min_trajectory_tokens(igpo):
+                raise ConfigError(f"attention sdpa: one {memory_gb:g} GB GPU holds ~{fits} tokens, too few for "
+                                  f"rollout.prompt_length={rollout.prompt_length} and one tool turn; install "
+                                  f"flash-attn ({FLASH_ATTN_INSTALL}) or use GPUs with more memory "
+                                  "(igpo_launch.gpu_memory_gb plans for them).")
+            notes.append(cap)
+            max_model_len = fits
+        tokens_per_gpu = min(max(tokens_per_gpu, context), fits)
+    elif context > tokens_per_gpu * sp:
+        raise ConfigError(
+            f"one trajectory ({context} tokens) does not fit igpo_launch.tokens_per_gpu={tokens_per_gpu} x "
+            f"sequence parallel {sp}; raise igpo_launch.sequence_parallel (up to {gpus_per_node}) or "
+            f"igpo_launch.tokens_per_gpu to {math.ceil(context / sp)}, or lower data.max_response_length.")
 
     tp = int(rollout.tensor_model_parallel_size)
     if tp < 1 or gpus_per_node % tp:
@@ -196,7 +223,6 @@ def plan_launch(config: Any, env: Environment) -> Plan:
         raise ConfigError(f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp} does not divide the model's "
                           f"{heads} attention heads; use one of {[d for d in _divisors(gpus_per_node) if heads % d == 0]}.")
 
-    max_model_len = rollout.get("max_model_len")
     with open_dict(config):
         arr.model.use_remove_padding = attention == "flash_attention_2"
         arr.model.override_config = {**dict(arr.model.get("override_config") or {}),
@@ -208,10 +234,13 @@ def plan_launch(config: Any, env: Environment) -> Plan:
             section[key] = tokens_per_gpu
         if max_model_len is None:
             rollout.max_model_len = context
-        elif int(max_model_len) < context:
-            notes.append(f"rollout.max_model_len={max_model_len} < prompt + response = {context}: trajectories end "
-                         "(flagged) at max_model_len")
-            context = int(max_model_len)
+        else:
+            if int(max_model_len) < context:
+                if rollout.get("max_model_len") is not None:  # the user's own cap (the sdpa cap has its note)
+                    notes.append(f"rollout.max_model_len={max_model_len} < prompt + response = {context}: "
+                                 "trajectories end (flagged) at max_model_len")
+                context = int(max_model_len)
+            rollout.max_model_len = int(max_model_len)
     return Plan(gpus=gpus_per_node * nodes, nodes=nodes, rollout=str(rollout.name), tp=tp, sp=sp,
                 context_tokens=context, score_on=igpo.score_on, attention=attention, tokens_per_gpu=tokens_per_gpu,
                 batch=f"{prompts}x{n}", estimator=str(config.algorithm.adv_estimator), notes=notes)
@@ -257,18 +286,17 @@ def check_algorithm(config: Any):
             raise ConfigError(f"train_reward_type=llm: {error} Set it in .env (see .env.example) or use "
                               "reward.custom_reward_function.reward_kwargs.train_reward_type=f1.") from None
 
-    check_estimator(str(config.algorithm.adv_estimator))
+    estimator = str(config.algorithm.adv_estimator)
+    check_estimator(estimator)
     trainer_mode = str((config.trainer.get("v1") or {}).get("trainer_mode", ""))
-    if str(config.algorithm.adv_estimator) == "infopo":
+    check_trainer_mode(config, estimator, trainer_mode)
+    if estimator == "infopo":
         from igpo.config import infopo_config_from_algorithm
 
         try:
             infopo = infopo_config_from_algorithm(config.algorithm)
         except ValueError as error:
             raise ConfigError(str(error)) from None
-        if trainer_mode != "igpo_sync":
-            raise ConfigError(f"algorithm.adv_estimator=infopo needs trainer.v1.trainer_mode=igpo_sync (got "
-                              f"{trainer_mode!r}): the counterfactual pass and the turn records live there.")
         if igpo.score_on == "rollout":
             raise ConfigError("algorithm.adv_estimator=infopo with algorithm.igpo.score_on=rollout: the rollout would "
                               "score IGPO's answer probes that InfoPO never reads; use algorithm.igpo.score_on=actor.")
@@ -325,6 +353,30 @@ def check_arpo(config: Any, igpo: Any):
                           f"{loop_name}: branching lives in the arpo_agent loop (igpo_agent plus branching); use "
                           "default_agent_loop=arpo_agent (or igpo_agent, which the launcher replaces).")
     return arpo
+
+
+# Estimators whose turn-level signal (information gain, InfoPO's counterfactual) exists only in the igpo_sync trainer
+# mode: verl's own modes would hand them outcome-only rewards, and the run would train GRPO under IGPO's name.
+TURN_LEVEL_ESTIMATORS = ("igpo", "grpo_info_gain", "infopo")
+
+
+def check_trainer_mode(config: Any, estimator: str, trainer_mode: str) -> None:
+    """IGPO's information gain and InfoPO's counterfactual are computed in ``igpo_sync`` only: refuse every other
+    trainer (verl's ``sync``, ``colocate_async``, ``separate_async``, the legacy v0 trainer) rather than drop them."""
+    if estimator not in TURN_LEVEL_ESTIMATORS:
+        return
+    if not bool(config.trainer.get("use_v1", True)):
+        raise ConfigError(f"algorithm.adv_estimator={estimator} with trainer.use_v1=false: the legacy trainer never "
+                          "computes the turn-level signal, so the estimator would see outcome-only rewards. Set "
+                          "trainer.use_v1=true trainer.v1.trainer_mode=igpo_sync.")
+    if trainer_mode != "igpo_sync":
+        what = "the counterfactual pass and the turn records live" if estimator == "infopo" else \
+            "the information gain is computed"
+        raise ConfigError(f"algorithm.adv_estimator={estimator} needs trainer.v1.trainer_mode=igpo_sync (got "
+                          f"{trainer_mode!r}): {what} only there; in verl's {trainer_mode or 'default'} mode the "
+                          "estimator would see outcome-only rewards and train plain GRPO. Set "
+                          "trainer.v1.trainer_mode=igpo_sync (or algorithm.adv_estimator=grpo for the outcome-only "
+                          "baseline).")
 
 
 def check_estimator(name: str) -> None:
@@ -401,7 +453,7 @@ def check_strategy(config: Any, score_on: str) -> None:
 def check_agent_fits(config: Any, igpo: Any, response_length: int) -> None:
     """A trajectory must have room for a tool turn, its observation and the final turn; else it is all forced answers."""
     agent = igpo.agent
-    needed = 2 * (agent.max_tokens_per_turn + 1) + agent.max_observation_tokens + _FRAME_TOKENS
+    needed = _min_trajectory_tokens(igpo)
     if response_length < needed:
         raise ConfigError(
             f"rollout.response_length={response_length} leaves no room for one tool call: a tool turn, its "
@@ -416,6 +468,40 @@ _FRAME_TOKENS = 64
 
 
 # ------------------------------------------------------------------------------------------------- helpers
+
+# One GPU in a dry run without GPUs, unless igpo_launch.gpu_memory_gb says otherwise: the smallest of the presets'
+# targets (80-141 GB), so a plan that fits here fits on all of them.
+DEFAULT_GPU_MEMORY_GB = 80.0
+# Memory model of verl's FSDP actor under sdpa without remove-padding (verl/workers/engine/fsdp/transformer_impl.py,
+# the no-rmpad branch of prepare_model_outputs), per token of a micro-batch:
+#   logits          12 B per vocabulary entry: the bf16 logits, their temperature-scaled / un-padded bf16 copies,
+#                   the softmax for the entropy and the logits' gradient in the update;
+#   activations     the checkpointed input of every decoder layer and its gradient (4 B x hidden per layer), plus
+#                   one layer recomputed at a time (~10 x hidden + 3 x intermediate values in bf16).
+# Usable: 85 % of the GPU (CUDA context, allocator fragmentation, the layer FSDP gathers). For Qwen3-4B (vocabulary
+# 151,936) that is ~2.3 MB per token: ~28K tokens on 80 GB, ~51K on 141 GB; the 131,072-token preset would need
+# ~300 GB (the logits alone ~40 GB per copy).
+LOGIT_BYTES_PER_VOCAB_ENTRY = 12
+USABLE_GPU_FRACTION = 0.85
+
+
+def sdpa_tokens_per_gpu(model: Any, gpu_memory_gb: float) -> int | None:
+    """Tokens one GPU holds in one micro-batch under sdpa without remove-padding (a multiple of 1024), from the
+    model's vocabulary, width and depth; None when the model config is not readable here."""
+    try:
+        vocab, hidden, layers = int(model.vocab_size), int(model.hidden_size), int(model.num_hidden_layers)
+    except (AttributeError, TypeError):
+        return None
+    intermediate = int(getattr(model, "intermediate_size", None) or 4 * hidden)
+    per_token = (LOGIT_BYTES_PER_VOCAB_ENTRY * vocab + 4 * hidden * layers + 2 * (10 * hidden + 3 * intermediate))
+    tokens = int(gpu_memory_gb * 1e9 * USABLE_GPU_FRACTION / per_token)
+    return tokens // 1024 * 1024
+
+
+def _min_trajectory_tokens(igpo: Any) -> int:
+    """A tool turn, its observation and the final turn (the same bound as ``check_agent_fits``)."""
+    agent = igpo.agent
+    return 2 * (agent.max_tokens_per_turn + 1) + agent.max_observation_tokens + _FRAME_TOKENS
 
 
 def _model_config(path: str):
