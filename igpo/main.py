@@ -22,6 +22,7 @@ from pathlib import Path
 import hydra
 
 from igpo.config import refuse_reference_overrides
+from igpo.cpu import vllm_cpu
 from igpo.launch_plan import ConfigError, Environment, plan_launch
 
 CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "configs")
@@ -69,6 +70,8 @@ def prepare(config, dry_run: bool):
                           "at the Python that has it.")
     if not plan.gpus:
         auto_set_device(config)  # GPU plans keep device=cuda even when planned on a machine without one
+        if plan.rollout == "vllm" and not dry_run:
+            vllm_cpu.set_engine_environment()  # before Ray starts: its workers inherit this environment
     try:
         validate_config(config=config, use_reference_policy=verl_main.need_reference_policy(config),
                         use_critic=verl_main.need_critic(config))

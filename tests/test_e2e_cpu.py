@@ -1,6 +1,7 @@
 """End to end on CPU: `bash train_igpo.sh` runs verl's Ray trainer with our estimator, agent loop, trainer mode,
 CPU backend and tool server, and reports IGPO metrics. Guarded: the whole process group dies on timeout."""
 
+import importlib.util
 import math
 import os
 import re
@@ -130,13 +131,20 @@ def test_missing_model_path_is_a_clear_error():
     assert rc == 2 and "actor_rollout_ref.model.path='/nonexistent/model' is not a directory" in out, out[-2000:]
 
 
-def test_gpu_only_rollout_on_cpu_is_a_clear_error(tiny_model_dir):
+@pytest.mark.parametrize("rollout, message", [
+    ("sglang", "actor_rollout_ref.rollout.name='sglang' needs a GPU"),
+    # vLLM runs on the CPU only in the vLLM CPU environment (tests/test_e2e_vllm.py); this Python is the CPU .venv.
+    ("vllm", "build the vLLM CPU environment: bash scripts/env_vllm.sh"),
+])
+def test_gpu_only_rollout_on_cpu_is_a_clear_error(tiny_model_dir, rollout, message):
+    if rollout == "vllm" and importlib.util.find_spec("vllm") is not None:
+        pytest.skip(f"{sys.executable} has vLLM")
     env = {**os.environ, "VERL_PLATFORM": "cpu"}
     rc, out = run_guarded([sys.executable, "-m", "igpo.main", "--config-name", "cpu_demo",
                     f"actor_rollout_ref.model.path={tiny_model_dir}", "data.train_files=data/train_nq_256.parquet",
-                    "data.val_files=data/train_nq_256.parquet", "actor_rollout_ref.rollout.name=vllm"],
+                    "data.val_files=data/train_nq_256.parquet", f"actor_rollout_ref.rollout.name={rollout}"],
                    env, timeout=120)
-    assert rc == 2 and "needs a GPU" in out, out[-2000:]
+    assert rc == 2 and message in out, out[-2000:]
 
 
 def test_unknown_igpo_key_is_a_clear_error(tiny_model_dir):
