@@ -49,7 +49,7 @@ from uuid import uuid4
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput, register
 
-from igpo import protocol
+from igpo import protocol, rollout_failures
 from igpo.agent_config import AgentLoopConfig, RolloutScoringConfig
 from igpo.core.ground_truth import Probe, answer_probes, parse_ground_truth
 from igpo.core.outcome import contains_answer
@@ -386,6 +386,15 @@ class IGPOAgentLoop(AgentLoopBase):
     # ------------------------------------------------------------------ entry point
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
+        """One session; one that raises is recorded for the trainer (igpo.rollout_failures) before verl's worker
+        logs it and marks the prompt failed."""
+        try:
+            return await self._run(sampling_params, **kwargs)
+        except Exception as err:
+            await rollout_failures.record(kwargs, err)
+            raise
+
+    async def _run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         state = _loop_state()
         key = _batch_key(kwargs)
         progress = state.batches.setdefault(key, _BatchProgress())

@@ -259,7 +259,7 @@ class PromptTree:
             else (lambda: _shared_tool_client(t.cfg.tool_server_url, t.cfg.tool_timeout_s)), member)
         loop._arpo_max_turns = member.max_turns
         loop._seed_stream = record.index  # a branch samples its own live turns, not its source's
-        member.task = asyncio.create_task(IGPOAgentLoop.run(loop, self.sampling_params, **self.kwargs))
+        member.task = asyncio.create_task(IGPOAgentLoop._run(loop, self.sampling_params, **self.kwargs))
         member.task.add_done_callback(lambda _task, m=member: _resolve(m.stop))
         return member
 
@@ -472,9 +472,9 @@ class ARPOAgentLoop(IGPOAgentLoop):
         self.arpo = _arpo_for(self.config)
         check_loop_settings(self.arpo, self.cfg)
 
-    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
+    async def _run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         if not self.arpo.enabled:
-            return await super().run(sampling_params, **kwargs)
+            return await super()._run(sampling_params, **kwargs)
         if "session_id" not in kwargs:
             raise ARPOSetupError("algorithm.arpo.enabled=true needs verl's v1 trainer (trainer.use_v1=true), whose "
                                  "agent-loop worker runs all rollout.n sessions of a prompt together; the legacy "
@@ -502,7 +502,7 @@ class ARPOAgentLoop(IGPOAgentLoop):
             await group.decided.wait()
         try:
             if group.plain:
-                out = await super().run(sampling_params, **kwargs)
+                out = await super()._run(sampling_params, **kwargs)
                 out.extra_fields.update({
                     "arpo_index": session, "arpo_parent": -1, "arpo_branch_pos": 0, "arpo_is_topup": False,
                     "arpo_h_init": None, "arpo_delta_h": [], "arpo_unmeasured": 0, "arpo_rounds": 0,

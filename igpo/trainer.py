@@ -53,6 +53,7 @@ from igpo.core.advantage import WarmupGate, advantage_at_boundaries, curriculum_
 from igpo.core.health import HealthConfig, HealthMonitor, turn_health
 from igpo.core.infra import InfraMask, infra_mask
 from igpo import histograms as hist
+from igpo import rollout_failures
 from igpo.infra_breaker import InfraBreaker, describe_failures
 from igpo.node_reach import describe_tool_calls, require_reach_from_every_node, tool_calls_by_node
 from igpo.core.info_gain import ig_by_answer_seen, penalty_into_ig_pool, reduce_alias_logprobs, scored_boundaries, \
@@ -203,6 +204,12 @@ class IGPOTrainerSync(PPOTrainerSync):
             # Before the workers load a model: a node whose agent-loop workers cannot reach the tool server would
             # have all its tool calls masked as infra failures (igpo.node_reach).
             require_reach_from_every_node(self.igpo.agent.tool_server_url)
+
+    def _build_replay_buffer(self):
+        """verl's replay buffer, stopping the run when the rollout cannot deliver (igpo.rollout_failures): at once
+        when the rollout engine died, or past one step's worth of failed sessions."""
+        per_step = int(self.config.data.train_batch_size) * int(self.config.actor_rollout_ref.rollout.n)
+        return rollout_failures.guard(super()._build_replay_buffer(), limit=per_step)
 
     # ---- one seed, one run -----------------------------------------------------------------------------------------
 

@@ -1,0 +1,126 @@
+"""Rollout sessions that raise: recorded by the agent loop, and a run that stops on them instead of spinning.
+
+verl 0.9.1's v1 agent-loop worker (``AgentLoopWorkerTQ._run_prompt``) logs a session's exception, marks its prompt
+group ``failure`` and moves on; the replay buffer of a non-``sync`` trainer mode (ours is ``igpo_sync``) evicts the
+failed group and asks for a fresh prompt. Nothing counts: when the rollout engine itself is dead every fresh prompt
+fails at once, forever. Seen on the CPU: vLLM's engine died on its first sampling step and the trainer sat at step 1
+for 15 minutes while 5,854 prompts failed and 110 MB of identical tracebacks filled the log.
+
+Two halves, joined through verl's TransferQueue (the store the worker and the trainer already share):
+
+* the agent loop (``IGPOAgentLoop.run``) records each session that raises under ``PARTITION``: the error, and
+  whether it is the rollout engine's death (``engine_dead``: vLLM's ``EngineDeadError``, a dead server actor);
+* the trainer's replay buffer (``guard``) reads the records at every poll while it waits for a batch and stops the
+  run with ``RolloutFailure``: at once on an engine death, or once more sessions failed since the last step than one
+  step has trajectories (``limit``). A few failures (one bad sample) are still replaced by fresh prompts, as in verl.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+PARTITION = "igpo_rollout_failures"  # TransferQueue partition of the records; never a training partition
+_ENGINE_DEATHS = {"EngineDeadError", "ActorDiedError", "ActorUnavailableError", "RayActorError"}
+_MAX_ERROR_CHARS = 1500
+
+
+class RolloutFailure(RuntimeError):
+    """The rollout cannot produce a batch: its engine died, or a step's worth of sessions raised."""
+
+
+def engine_dead(err: BaseException) -> bool:
+    """Whether ``err`` (or an exception it was raised from) says the rollout engine or its server is gone. Ray
+    re-raises a remote error as a class deriving from both ``RayTaskError`` and the original, so class names along
+    the MRO identify vLLM's ``EngineDeadError`` without importing vLLM."""
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if any(cls.__name__ in _ENGINE_DEATHS for cls in type(err).__mro__):
+            return True
+        err = err.__cause__ or err.__context__
+    return False
+
+
+def describe(err: BaseException) -> str:
+    """One line: the exception's type and its message's last non-empty line (Ray's wrapped errors put the remote
+    traceback first and the original error last)."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    text = f"{type(err).__name__}: {lines[-1] if lines else ''}"
+    return text if len(text) <= _MAX_ERROR_CHARS else text[:_MAX_ERROR_CHARS] + " ..."
+
+
+async def record(kwargs: dict[str, Any], err: BaseException) -> None:
+    """Record a session that raised (v1 worker only: it passes ``session_id`` and runs a TransferQueue). Never
+    raises: the session's own error is what verl's worker logs and counts."""
+    if "session_id" not in kwargs or "uid" not in kwargs:
+        return
+    try:
+        import transfer_queue as tq
+
+        await tq.async_kv_put(key=f"{kwargs['uid']}_{kwargs['session_id']}", partition_id=PARTITION,
+                              tag={"error": describe(err), "engine_dead": engine_dead(err)})
+    except Exception:  # noqa: BLE001 - the store may be gone with the run; the worker still logs the session's error
+        logger.warning("igpo: could not record a failed rollout session", exc_info=True)
+
+
+class FailureTally:
+    """What ``guard`` keeps between polls: failed sessions since the last batch, and the first error seen."""
+
+    def __init__(self, limit: int) -> None:
+        if limit < 1:
+            raise ValueError(f"the rollout failure limit must be >= 1 session, got {limit}")
+        self.limit = limit
+        self.failed = 0
+        self.first_error: str | None = None
+
+    def add(self, records: dict[str, dict]) -> None:
+        """Count new records; raise ``RolloutFailure`` on an engine death or past the limit."""
+        for key in sorted(records):
+            tag = records[key]
+            error = str(tag.get("error", "unknown error"))
+            self.failed += 1
+            self.first_error = self.first_error or error
+            if tag.get("engine_dead"):
+                raise RolloutFailure(
+                    f"the rollout engine died, so no rollout can finish (session {key}): {error}. Its own traceback "
+                    "is in the training log (look for the rollout server's first ERROR lines).")
+        if self.failed > self.limit:
+            raise RolloutFailure(
+                f"{self.failed} rollout sessions raised since the last step (more than the {self.limit} trajectories "
+                f"of one step), so the batch is not coming; the first: {self.first_error}. Every session's traceback "
+                "is in the training log ('Error in _run_prompt').")
+
+    def reset(self) -> None:
+        self.failed, self.first_error = 0, None
+
+
+class _GuardedReplayBuffer:
+    """Mixed in before verl's replay buffer class: after each metadata sync, take this run's failure records out of
+    the snapshot (they are no prompt group), count them, and clear them from the store."""
+
+    _igpo_tally: FailureTally
+
+    def _sync_metadata_from_transfer_queue(self):
+        super()._sync_metadata_from_transfer_queue()
+        records = self.partitions.pop(PARTITION, None)
+        if records:
+            import transfer_queue as tq
+
+            tq.kv_clear(keys=list(records), partition_id=PARTITION)
+            self._igpo_tally.add(records)
+
+    def sample(self, *args, **kwargs):
+        out = super().sample(*args, **kwargs)
+        self._igpo_tally.reset()
+        return out
+
+
+def guard(buffer: Any, limit: int) -> Any:
+    """``buffer`` (a verl ``ReplayBuffer`` of any class) made to stop the run on rollout failures; the same object."""
+    cls = type(buffer)
+    buffer.__class__ = type(f"Guarded{cls.__name__}", (_GuardedReplayBuffer, cls), {})
+    buffer._igpo_tally = FailureTally(limit)
+    return buffer
