@@ -874,3 +874,8 @@ class _NoLimit:
 
     async def __aexit__(self, *exc: Any) -> None:
         return None
+
+
+from igpo import plugin as _plugin  # noqa: E402 - last: what the plugin put off while this module was half imported
+
+_plugin.load_deferred(__name__)

@@ -514,3 +514,8 @@ class ARPOAgentLoop(IGPOAgentLoop):
             group.collected += 1
             if group.collected >= len(group.sessions) and groups.get(key) is group:
                 del groups[key]
+
+
+from igpo import plugin as _plugin  # noqa: E402 - last: what the plugin put off while this module was half imported
+
+_plugin.load_deferred(__name__)

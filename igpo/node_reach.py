@@ -28,7 +28,6 @@ import httpx
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from igpo.agent_loop import TOOL_CALLS
 from tool_server.client import ToolClient
 
 REACH_FIX = ("start the tool server on an address every node reaches (train_igpo.sh does so when RAY_ADDRESS names "
@@ -133,6 +132,10 @@ def require_reach_from_every_node(url: str, timeout_s: float = 10.0) -> list[Nod
 
 def _worker_tool_calls(worker) -> tuple[str, dict[str, int]]:
     """Run inside an agent-loop worker (``__ray_call__``): its node and its process's tool calls by status."""
+    # Imported here, where the agent loop already is: at module level it would import verl, whose plugin hook
+    # imports igpo.trainer, which imports this half-initialised module (seen in the reach probe's process).
+    from igpo.agent_loop import TOOL_CALLS
+
     return ray.get_runtime_context().get_node_id(), dict(TOOL_CALLS)
 
 

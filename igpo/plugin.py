@@ -2,13 +2,15 @@
 
 Registers the ``igpo`` advantage estimator (alias ``grpo_info_gain``), the ``igpo_agent`` and ``arpo_agent`` agent
 loops, the ``igpo_sync`` trainer mode, the vLLM rollout adapter whose weight sync fails instead of hanging, and — only when ``VERL_PLATFORM=cpu`` — the CPU backend. verl swallows plugin import
-errors at DEBUG level, so a failure here is logged as a WARNING with its traceback instead.
+errors at DEBUG level, so a failure here is logged as a WARNING with its traceback instead. When verl is first
+imported from inside one of the registering modules, the rest wait until that module's body has run (``DEFERRED``).
 """
 
 from __future__ import annotations
 
 import importlib
 import logging
+import sys
 
 logger = logging.getLogger("igpo")
 
@@ -42,13 +44,46 @@ def load() -> list[str]:
         logger.warning("igpo: registering the guarded vLLM rollout adapter failed", exc_info=True)
         failed.append(VLLM_ADAPTER)
     for name in REGISTERING_MODULES:
-        try:
-            importlib.import_module(name)
-        except Exception:
-            logger.warning("igpo: %s failed to import; its registrations are missing in this process", name,
-                           exc_info=True)
+        importing = _half_imported()
+        if importing:
+            # verl was imported from inside ``importing`` (e.g. ``import igpo.agent_loop`` as a process's first
+            # import): what depends on its names cannot import yet; that module calls ``load_deferred`` at its end.
+            DEFERRED.append(name)
+            continue
+        if not _import(name):
             failed.append(name)
     return failed
 
 
+def _half_imported() -> str | None:
+    """A registering module whose import is under way in this process (its body not yet run to the end)."""
+    for name in REGISTERING_MODULES:
+        module = sys.modules.get(name)
+        if module is not None and getattr(getattr(module, "__spec__", None), "_initializing", False) \
+                and not getattr(module, "_IGPO_BODY_DONE", False):
+            return name
+    return None
+
+
+def _import(name: str) -> bool:
+    try:
+        importlib.import_module(name)
+        return True
+    except Exception:
+        logger.warning("igpo: %s failed to import; its registrations are missing in this process", name,
+                       exc_info=True)
+        return False
+
+
+def load_deferred(done: str) -> None:
+    """Called at the end of a registering module's body: import what ``load`` had to put off while it was half
+    imported."""
+    sys.modules[done]._IGPO_BODY_DONE = True
+    while DEFERRED and not _half_imported():
+        name = DEFERRED.pop(0)
+        if not _import(name):
+            FAILED.append(name)
+
+
+DEFERRED: list[str] = []
 FAILED = load()

@@ -85,7 +85,7 @@ class FailureTally:
             self.first_error = self.first_error or error
             if tag.get("engine_dead"):
                 raise RolloutFailure(
-                    f"the rollout engine died, so no rollout can finish (session {key}): {error}. Its own traceback "
+                    f"the rollout engine died, so no rollout can finish (session {key}): {error.rstrip('.')}. Its own traceback "
                     "is in the training log (look for the rollout server's first ERROR lines).")
         if self.failed > self.limit:
             raise RolloutFailure(

@@ -909,3 +909,8 @@ class IGPOTrainerSync(PPOTrainerSync):
         else:
             logger.warning("igpo: no %s in %s; the IG warm-up gate restarts from scratch", STATE_FILE, folder)
         logger.warning("igpo: resumed from %s: %s", folder, json.dumps(self._checkpoint_report(), sort_keys=True))
+
+
+from igpo import plugin as _plugin  # noqa: E402 - last: what the plugin put off while this module was half imported
+
+_plugin.load_deferred(__name__)

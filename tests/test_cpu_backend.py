@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
 
 
@@ -110,15 +111,27 @@ def test_plugin_registers_everything_in_a_fresh_process():
     assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-3000:]
 
 
-def test_importing_the_actor_worker_first_loads_every_registration():
-    """A Ray worker that unpickles the actor class imports igpo.actor_worker before anything else of ours; verl's
-    plugin loading then imports the trainer mode, which must not need the half-imported worker module."""
+@pytest.mark.parametrize("first", ["igpo.actor_worker", "igpo.agent_loop", "igpo.estimator"])
+def test_importing_one_of_our_modules_first_loads_every_registration(first):
+    """A Ray worker that unpickles a class of ours imports its module before anything else (the actor worker; the
+    agent loop; a probe task): that import reaches verl, whose plugin hook then imports modules that need names of
+    the half-imported one. Each registration must still load, with no warning (igpo.plugin's DEFERRED)."""
     code = (
-        "import igpo.actor_worker, igpo.plugin as p\n"
+        f"import {first}, igpo.plugin as p\n"
+        "from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY as A\n"
+        "from verl.experimental.agent_loop.agent_loop import _agent_loop_registry as L\n"
         "from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY as T\n"
-        "assert not p.FAILED, p.FAILED\n"
-        "assert 'igpo_sync' in T\n"
+        "assert not p.FAILED and not p.DEFERRED, (p.FAILED, p.DEFERRED)\n"
+        "assert 'igpo' in A and 'igpo_agent' in L and 'arpo_agent' in L and 'igpo_sync' in T\n"
         "print('ok')\n"
     )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-3000:]
+    assert "failed to import" not in result.stderr, result.stderr[-3000:]
+
+
+def test_the_tool_server_reach_probe_does_not_import_verl():
+    """The probe's Ray task unpickles igpo.node_reach alone; importing verl there started a plugin import cycle."""
+    code = "import sys, igpo.node_reach\nassert 'verl' not in sys.modules\nprint('ok')\n"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-3000:]
