@@ -22,6 +22,10 @@ ROLLOUT_KEYS = {
     "free_cache_engine": (False, "nothing to free between rollout and update without sleep mode"),
     "enforce_eager": (True, "no CUDA graphs on a CPU"),
     "dtype": ("float32", "the actor trains in fp32 on the CPU; the same precision lets rollout and actor scoring agree"),
+    # A prompt split across two scheduler steps has the sampled token of its first chunk thrown away, and vLLM rewinds
+    # the request's random generator by its offset; a seeded request (seed=<n>) has a CPU generator, which has no
+    # offset, so the engine dies ('CPU Generator does not use offset') and every later request fails.
+    "enable_chunked_prefill": (False, "vLLM's CPU engine dies when it splits a seeded request's prefill"),
 }
 
 ENGINE_ENVIRONMENT = {
