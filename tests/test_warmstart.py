@@ -225,3 +225,23 @@ def test_the_demo_model_build_is_deterministic(small_corpus, tmp_path):
         builds.append((digest(base), digest(warm)))
     assert builds[0] == builds[1]
     assert builds[0][0] != builds[0][1]  # the warm-start changed the weights
+
+
+def test_the_launchers_cache_key_moves_with_every_input(tmp_path):
+    """``inputs_key`` lets the launcher reuse the warm-started model without building the training sequences; any
+    input it stands for must change it: an option, a byte of the base checkpoint or of the corpus."""
+    from igpo.demo.warmstart import inputs_key
+
+    base, corpus = tmp_path / "base", tmp_path / "corpus.jsonl"
+    base.mkdir()
+    (base / "model.safetensors").write_bytes(b"weights")
+    corpus.write_text('{"contents": "a"}\n')
+    options = {"steps": None, "seconds": 900.0, "seed": 0, "world_seed": 0}
+    key = inputs_key(base, corpus, options)
+    assert key == inputs_key(base, corpus, dict(options))
+    assert inputs_key(base, corpus, {**options, "seed": 1}) != key
+    (base / "model.safetensors").write_bytes(b"weightz")
+    moved = inputs_key(base, corpus, options)
+    assert moved != key
+    corpus.write_text('{"contents": "b"}\n')
+    assert inputs_key(base, corpus, options) not in (key, moved)

@@ -144,9 +144,6 @@ def build_tiny_model(out_dir: str | Path, corpus: str | Path, spec: TinyModelSpe
     Returns:
         The checkpoint directory, loadable with ``AutoModelForCausalLM`` / ``AutoTokenizer``.
     """
-    import torch
-    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
-
     spec = spec or TinyModelSpec()
     out_dir, corpus = Path(out_dir), Path(corpus)
     if not corpus.is_file():
@@ -155,7 +152,9 @@ def build_tiny_model(out_dir: str | Path, corpus: str | Path, spec: TinyModelSpe
     stamp = out_dir / "igpo_tiny_model.json"
     fingerprint = spec.fingerprint(corpus)
     if stamp.is_file() and json.loads(stamp.read_text()).get("fingerprint") == fingerprint:
-        return out_dir
+        return out_dir  # before importing torch: the launcher checks this cache on every run
+    import torch
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(corpus, spec)
