@@ -276,7 +276,7 @@ set +e
     algorithm.igpo.agent.tool_server_url="$TOOL_SERVER_URL" \
     trainer.default_local_dir="$RUN_DIR/checkpoints" \
     "${OVERRIDES[@]}" "${ARGS[@]}" 2>&1 | tee "$LOG" \
-    | grep --line-buffered -E "step:[0-9]+ -|igpo: (configuration error|upstream error|plan|note|tool budget|infra breaker|warning|rollout weight sync)|Error executing job" \
+    | grep --line-buffered -E "step:[0-9]+ -|igpo: (configuration error|upstream error|plan|note|tool budget|infra breaker|warning|rollout weight sync|tool server at|tool calls by Ray node)|Error executing job" \
     | awk '!match($0, /step:[0-9]+ -/) { sub(/^[^ ]*\([A-Za-z0-9_]+ pid=[0-9]+[^)]*\)[^ ]* /, ""); print; fflush(); next }  # no Ray actor prefix
            { line = "igpo: " substr($0, RSTART, RLENGTH - 2)
              # step i/N and the ETA (progress/* metrics of the trainer)

@@ -1,5 +1,7 @@
 """Multi-node rehearsal on one machine: a two-node Ray cluster (`ray start --head` + `ray start --address=...`, one
-fake GPU each), `bash train_igpo.sh` joining it through RAY_ADDRESS with trainer.nnodes=2, two CPU training steps.
+fake GPU each), `bash train_igpo.sh` joining it through RAY_ADDRESS with trainer.nnodes=2, two CPU training steps,
+without TOOL_SERVER_URL: the launcher's tool server must be reached from both nodes (the per-node /health check
+before the models load, then the tool calls of the agent-loop workers on each node).
 
 The nodes are private to the test: own temp dir, own ports, token authentication off (RAY_AUTH_MODE=disabled: Ray
 2.60 turns it on for new clusters, and no one else joins this one). Each `ray start --block` runs in its own process
@@ -20,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from guarded_run import REPO, SMALL_DEMO, run_guarded
+from guarded_run import REPO, SEARCHING_DEMO, run_guarded
 
 pytestmark = pytest.mark.e2e
 
@@ -94,13 +96,16 @@ def two_node_cluster():
 
 def test_two_nodes_one_actor_rank_each_with_our_plugin(tmp_path, two_node_cluster):
     address, cluster_env = two_node_cluster
-    env = {**cluster_env, "RAY_ADDRESS": address, "OUTPUT_DIR": str(tmp_path / "run"), "IGPO_DEVICE": "cpu"}
+    env = {**cluster_env, "RAY_ADDRESS": address, "NNODES": "2", "OUTPUT_DIR": str(tmp_path / "run"), "IGPO_DEVICE": "cpu"}
     env.pop("TOOL_SERVER_URL", None)
-    rc, out = run_guarded(["bash", "train_igpo.sh", *SMALL_DEMO, "trainer.total_training_steps=2", "trainer.nnodes=2",
-                           "trainer.n_gpus_per_node=1", "trainer.logger=[console]",
+    # Two agent-loop workers (the demo runs one), which verl places round-robin: one per node, each sending tool calls;
+    # 64 trajectories a step, so that each node's half holds searches (the demo model searches in ~1 of 5).
+    rc, out = run_guarded(["bash", "train_igpo.sh", *SEARCHING_DEMO, "trainer.total_training_steps=2",
+                           "trainer.nnodes=2", "trainer.n_gpus_per_node=1", "trainer.logger=[console]",
+                           "actor_rollout_ref.rollout.agent.num_workers=2",
                            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
                            "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4",
-                           "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2"], env, timeout=420)
+                           "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2"], env, timeout=900)
     assert rc == 0, out[-4000:]
     log = (tmp_path / "run" / "train.log").read_text()
     assert f"joining the Ray cluster at RAY_ADDRESS={address}" in out
@@ -117,3 +122,16 @@ def test_two_nodes_one_actor_rank_each_with_our_plugin(tmp_path, two_node_cluste
     tokens = [float(v) for v in re.findall(r"igpo/scoring_tokens:([0-9.eE+-]+)", log)]
     assert len(tokens) == 2 and min(tokens) > 0, tokens
     assert [float(v) for v in re.findall(r"igpo/scoring_errors:([0-9.eE+-]+)", log)] == [0.0, 0.0]
+    # The launcher's own tool server (no TOOL_SERVER_URL): before the models load, a task on each node reached its
+    # /health; then the agent-loop workers on both nodes sent tool calls, and none failed for infrastructure reasons.
+    nodes = json.loads(placement.group(1))
+    reach = re.search(r"igpo: tool server at (http://\S+) reachable from every Ray node \(2: (.*)\)", log)
+    assert reach and all(node[:8] in reach.group(2) for node in nodes), log[-3000:]
+    workers = re.search(r"igpo: \d+ agent-loop workers on Ray nodes (\[.*?\]) \(2 distinct\)", log)
+    assert workers and sorted(json.loads(workers.group(1))) == sorted(set(nodes)), log[-3000:]
+    by_node = re.findall(r"igpo: tool calls by Ray node so far: (.*)", log)
+    assert len(by_node) == 2, log[-3000:]
+    calls = re.findall(r"(\S+) ([0-9a-f]{8}): (\d+) \(infra_error (\d+)\)", by_node[-1])
+    assert sorted(node for _, node, _, _ in calls) == sorted(n[:8] for n in nodes), by_node[-1]
+    assert all(int(n) > 0 and int(infra) == 0 for _, _, n, infra in calls), by_node[-1]
+    assert [float(v) for v in re.findall(r"igpo/infra_errors:([0-9.eE+-]+)", log)] == [0.0, 0.0]
