@@ -90,6 +90,13 @@ if [ "$GPUS" -gt 0 ]; then
         PRESET_ARGS=(recipe="$IGPO_RECIPE")
     fi
     : "${MODEL_PATH:?MODEL_PATH is not set: the policy checkpoint (a local Hugging Face directory) to train}"
+    if [ -n "${IGPO_RECIPE:-}" ] && [ -z "${TRAIN_FILE:-}" ]; then
+        # A recipe reproduces a paper: its own training data, never the 256-row sample by default.
+        RECIPE_DATA=$("$PY" -m igpo.recipes data "$IGPO_RECIPE") || exit 2
+        config_error "IGPO_RECIPE=$IGPO_RECIPE trains on its own data: $RECIPE_DATA. Set TRAIN_FILE=<that parquet>" \
+            "(check it with: python scripts/prepare_data.py --check <file>), or TRAIN_FILE=data/train_nq_256.parquet" \
+            "to run on the 256-row NQ sample on purpose."
+    fi
     TRAIN_FILE="${TRAIN_FILE:-$ROOT/data/train_nq_256.parquet}"
     VAL_FILE="${VAL_FILE:-$ROOT/data/qa_test_7src.parquet}"
     TOOL_BACKEND="${TOOL_BACKEND:-web}"

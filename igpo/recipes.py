@@ -3,7 +3,8 @@
 A recipe file is a ``# @package _global_`` override of ``configs/igpo_trainer.yaml`` (``recipe=<name>``) plus one
 section our trainer ignores, ``igpo_recipe``: what the paper ran it with (model, hardware, tools, corpus and its
 coverage caveat, evaluation set and metric) and the paper's table. This module reads that section for the launcher
-(``python -m igpo.recipes tools <name>`` -> the tool server's backend and top-k) and for the evaluation harness,
+(``python -m igpo.recipes tools <name>`` -> the tool server's backend and top-k; ``data <name>`` -> the training
+data it needs, which the launcher names when ``TRAIN_FILE`` is not set) and for the evaluation harness,
 which prints our numbers in the paper's table shape beside the published rows (``comparison_table``).
 
 Published values are percentages as the papers print them; our per-source means (0..1) are scaled by 100.
@@ -46,6 +47,7 @@ class Recipe:
     paper: str
     model: str
     hardware: str
+    train_data: str
     tool_backend: str
     tool_topk: int
     retriever: str
@@ -106,7 +108,8 @@ def load_recipe(name_or_path: str | Path) -> Recipe:
         rows[str(label)] = {str(k): float(v) for k, v in values.items()}
     return Recipe(
         name=path.stem, path=path, setting=str(need(section, "setting")), paper=str(need(section, "paper")),
-        model=str(need(section, "model")), hardware=str(need(section, "hardware")), tool_backend=backend,
+        model=str(need(section, "model")), hardware=str(need(section, "hardware")),
+        train_data=" ".join(str(need(section, "train_data")).split()), tool_backend=backend,
         tool_topk=int(need(tools, "topk", "igpo_recipe.tool_server")), retriever=str(need(section, "retriever")),
         corpus=str(need(section, "corpus")), corpus_caveat=" ".join(str(need(section, "corpus_caveat")).split()),
         eval_data=evaluation.get("data"), eval_metric=metric,
@@ -159,6 +162,9 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("list", help="the recipe names")
     tools = sub.add_parser("tools", help="print '<backend> <topk>' of the recipe's tool server (for train_igpo.sh)")
     tools.add_argument("name")
+    data = sub.add_parser("data", help="the recipe's training data and where it comes from (train_igpo.sh names it "
+                                       "when TRAIN_FILE is not set)")
+    data.add_argument("name")
     table = sub.add_parser("table", help="the published table of a recipe, with ours from an evaluation's results.csv")
     table.add_argument("name")
     table.add_argument("--results", type=Path, help="results.csv written by scripts/evaluate.py")
@@ -169,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "tools":
             recipe = load_recipe(args.name)
             print(recipe.tool_backend, recipe.tool_topk)
+        elif args.command == "data":
+            print(load_recipe(args.name).train_data)
         else:
             recipe = load_recipe(args.name)
             print(comparison_table(recipe, _read_results(args.results) if args.results else None))

@@ -104,11 +104,23 @@ def test_dry_run_passes_on_the_stated_hardware(tmp_path_factory, name):
     # drvenus_long's reward is the LLM judge: planning checks that its endpoint is configured (.env on the cluster)
     judge = {"JUDGE_MODEL_NAME": "judge", "JUDGE_API_BASE": "http://127.0.0.1:9/v1"}
     rc, out = _dryrun_guarded({"IGPO_RECIPE": name, "IGPO_GPUS": "8", "MODEL_PATH": str(model_dir(tmp_path_factory, name)),
-                        **judge})
+                        "TRAIN_FILE": str(REPO / "data" / "train_nq_256.parquet"), **judge})
     assert rc == 0, out[-3000:]
     assert f"preset recipe {name}" in out
     last = out.strip().splitlines()[-1]
     assert last.startswith("igpo: dry run ok: " + EXPECTED_PLAN[name]), last
+
+
+@pytest.mark.parametrize("name", RECIPES)
+def test_a_recipe_without_train_file_names_its_data_and_refuses(tmp_path_factory, name):
+    """Never the 256-row sample by default: a recipe reproduces a paper on the paper's data."""
+    env = {"IGPO_RECIPE": name, "IGPO_GPUS": "8", "MODEL_PATH": str(model_dir(tmp_path_factory, name)), "TRAIN_FILE": ""}
+    rc, out = _dryrun_guarded(env)
+    assert rc == 2, out[-3000:]
+    data = load_recipe(name).train_data
+    assert f"igpo: configuration error: IGPO_RECIPE={name} trains on its own data: {data}. Set TRAIN_FILE=" in out, out
+    assert "TRAIN_FILE=data/train_nq_256.parquet to run on the 256-row NQ sample on purpose" in out
+    assert "dry run ok" not in out
 
 
 def test_unknown_recipe_is_a_configuration_error(tmp_path_factory):
