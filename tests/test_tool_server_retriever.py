@@ -18,7 +18,7 @@ import pytest
 
 from fake_upstreams import FakeUpstream, InProcessServer, Reply, Reset
 from tool_server import ToolClient
-from tool_server.backends.retriever import split_retriever_url
+from tool_server.backends.retriever import split_retriever_url, title_and_text
 from tool_server.config import ConfigError, ServerConfig, UpstreamLimits
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,11 +65,29 @@ def upstream_calls(server) -> int:
 # ------------------------------------------------------------------------------ against our own /retrieve server
 
 
+def test_passages_come_whole_by_default_and_a_configured_cut_is_counted(upstream):
+    """Search-R1 shows the model whole passages; a cap is an option, and every cut shows in /stats."""
+    query = "Horatio Hale ethnologist philologist"
+    documents = httpx.post(upstream.url + "/retrieve", json={"queries": [query], "topk": 3, "return_scores": True},
+                           timeout=30).json()["result"][0]
+    texts = [title_and_text(d["document"])[1] for d in documents]
+    assert max(len(t) for t in texts) > 200, texts
+    with retriever_server(upstream.url) as server:
+        hits = search(server, query)["results"][0]["hits"]
+        assert [h["snippet"] for h in hits] == texts
+        assert httpx.get(server.url + "/stats").json()["passages_cut"] == 0
+    with retriever_server(upstream.url, retriever_passage_chars=200) as server:
+        hits = search(server, query)["results"][0]["hits"]
+        assert [h["snippet"] for h in hits] == [t[:200] for t in texts]
+        assert httpx.get(server.url + "/stats").json()["passages_cut"] == sum(len(t) > 200 for t in texts)
+
+
 @pytest.mark.parametrize("suffix", ["", "/retrieve", "/batch_search"])
 def test_same_hits_as_the_upstream_and_visit_serves_the_returned_passage(upstream, suffix):
     queries = ["Horatio Hale ethnologist philologist", "Evan Morris lobbyist"]
     direct = search(upstream, *queries)
-    with retriever_server(upstream.url + suffix) as server:
+    # The local backend shows the first 600 characters of a passage; cut the retrieved ones alike to compare.
+    with retriever_server(upstream.url + suffix, retriever_passage_chars=600) as server:
         forwarded = search(server, *queries)
         assert forwarded["ok"], forwarded
         for ours, theirs in zip(forwarded["results"], direct["results"]):

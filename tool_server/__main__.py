@@ -34,6 +34,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "e.g. http://127.0.0.1:8000 (Search-R1) or http://127.0.0.1:8000/batch_search (FlashRAG)")
     p.add_argument("--retriever-dialect", choices=["auto", "search_r1", "flashrag"], default=d.retriever_dialect,
                    help="auto: flashrag when the URL ends in /batch_search, else search_r1 (POST /retrieve)")
+    p.add_argument("--retriever-passage-chars", type=int, default=d.retriever_passage_chars,
+                   help="cut each retrieved passage to N characters (default 0: whole passages, as Search-R1 shows "
+                        "them); cuts are counted in /stats (passages_cut)")
     p.add_argument("--retriever-concurrency", type=int, default=d.retriever.concurrency)
     p.add_argument("--retriever-rate", type=float, default=d.retriever.rate_per_s,
                    help="retriever requests per second")
@@ -92,6 +95,7 @@ def build_config(args: argparse.Namespace, env: dict[str, str]) -> ServerConfig:
                            max_attempts=args.max_attempts, budget=args.budget_summary),
         retriever_url=args.retriever_url or env.get("RETRIEVER_URL") or None,
         retriever_dialect=args.retriever_dialect,
+        retriever_passage_chars=args.retriever_passage_chars,
         retriever=replace(d.retriever, concurrency=args.retriever_concurrency, rate_per_s=args.retriever_rate,
                           attempt_timeout_s=args.retriever_timeout_s, max_attempts=args.max_attempts,
                           budget=args.budget_search),

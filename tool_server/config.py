@@ -102,6 +102,8 @@ class ServerConfig:
     retriever_url, retriever_dialect: the retrieval server (base URL or endpoint URL) and its dialect, "search_r1",
         "flashrag" or "auto" (implied by an endpoint path, else search_r1). The URL's own origin may be loopback or
         private (retrievers run beside the trainer); a redirect elsewhere is checked like any other URL.
+    retriever_passage_chars: cut each retrieved passage to this many characters (0: whole passages, as Search-R1
+        shows them; a cut is counted in ``/stats`` under ``passages_cut``).
     cache_path: SQLite file shared by every worker of a job (WAL mode); None = in-memory, lost at exit.
     cache_ttl_s: cached answers older than this are refetched; None = never expire.
     search_deadline_s / visit_deadline_s: hard wall-clock limit per query / per URL, retries included. Keep them
@@ -119,6 +121,7 @@ class ServerConfig:
     index_dir: Path | None = None
     retriever_url: str | None = None
     retriever_dialect: Literal["auto", "search_r1", "flashrag"] = "auto"
+    retriever_passage_chars: int = 0
     host: str = "127.0.0.1"
     port: int = 8765
     cache_path: str | None = None
@@ -192,6 +195,8 @@ class ServerConfig:
         _require(bool(self.retriever_url), "retriever_url=None", "set for --backend retriever",
                  "pass --retriever-url http://HOST:PORT (a Search-R1 /retrieve or FlashRAG /batch_search server) or "
                  "set RETRIEVER_URL in .env")
+        _require(self.retriever_passage_chars >= 0, f"retriever_passage_chars={self.retriever_passage_chars}",
+                 ">= 0", "pass --retriever-passage-chars 0 for whole passages, or a positive cap")
         parts = urlsplit(self.retriever_url)
         _require(parts.scheme in ("http", "https") and bool(parts.hostname), f"retriever_url={self.retriever_url!r}",
                  "an absolute http(s) URL", "e.g. http://127.0.0.1:8000 or http://127.0.0.1:8000/retrieve")

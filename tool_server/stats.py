@@ -29,6 +29,7 @@ class Stats:
         self.upstream_failures: Counter[tuple[str, str]] = Counter()  # (upstream, reason) -> attempts
         self.upstream_budget: dict[str, int | None] = {}
         self.upstream_retries: Counter[str] = Counter()  # failed attempts followed by another attempt
+        self.passages_cut = 0  # retrieved passages cut to a configured length (--retriever-passage-chars)
         # per upstream, the outcome of its most recent calls (retries folded in): [ok, reason, message, time]
         self.recent: dict[str, deque[list]] = {n: deque(maxlen=HEALTH_WINDOW) for n in self.upstream_names}
 
@@ -90,6 +91,7 @@ class Stats:
                       "hit_rate": self.cache_hits / lookups if lookups else None, "dedup_joins": self.dedup_joins},
             "latency": latency,
             "errors": dict(self.errors),
+            "passages_cut": self.passages_cut,
             "upstream": {n: {"calls": self.upstream_calls[n], "budget": self.upstream_budget.get(n),
                              "retries": self.upstream_retries[n],
                              "failures": {r: c for (u, r), c in self.upstream_failures.items() if u == n}}

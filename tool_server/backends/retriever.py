@@ -36,7 +36,6 @@ from .local import CORPUS_SCHEME, corpus_doc_id, split_contents
 
 Dialect = Literal["search_r1", "flashrag"]
 DIALECT_PATHS: dict[str, str] = {"search_r1": "/retrieve", "flashrag": "/batch_search"}
-_SNIPPET_CHARS = 600  # as the local backend: a wiki-18 passage (~100 words) fits whole
 _CREDENTIAL_STATUSES = (401, 403)
 _NOT_FOUND_STATUSES = (404, 405)
 
@@ -93,9 +92,12 @@ class RetrieverBackend:
         guard = TargetGuard({origin_of(urlsplit(self.base_url))}, max_url_chars=config.max_url_chars + 64)
         self.upstream = Upstream("retriever", config.retriever, guard=guard, stats=stats,
                                  budget_flag="--budget-search")
+        self._stats = stats
+        self._cap = config.retriever_passage_chars  # 0: whole passages
 
     def namespace(self, tool: str) -> str:
-        return f"retriever:{self.dialect}:{self.endpoint}:{tool}"
+        cap = f":cut{self._cap}" if self._cap else ""  # cached hits hold the (possibly cut) passages
+        return f"retriever:{self.dialect}:{self.endpoint}:{tool}{cap}"
 
     def _passage_key(self, doc_id: str) -> str:
         return cache_key(f"retriever:passage:{self.endpoint}", {"id": doc_id})
@@ -138,8 +140,10 @@ class RetrieverBackend:
             doc_id = passage_id(document)
             title, text = title_and_text(document)
             self._passages.put(self._passage_key(doc_id), {"document": document})
-            hits.append(SearchHit(title=title, url=CORPUS_SCHEME + doc_id, snippet=text[:_SNIPPET_CHARS],
-                                  score=score, doc_id=doc_id))
+            if self._cap and len(text) > self._cap:
+                text = text[:self._cap]
+                self._stats.passages_cut += 1
+            hits.append(SearchHit(title=title, url=CORPUS_SCHEME + doc_id, snippet=text, score=score, doc_id=doc_id))
         return hits
 
     def _check_status(self, response: UpstreamResponse) -> None:
