@@ -12,13 +12,24 @@ the mean over its rows; ``ALL`` is the mean over all rows (micro) and ``AVG`` th
 figure the IGPO / DeepResearcher tables report). The judge mean is over the rows the judge gave a verdict for; the
 rows it did not are counted in ``judge_failed``, never scored 0.
 
+With ``runs = k > 1`` every question q is answered k times by sampling (temperature > 0), run r with its own seeds,
+and each score s in {EM, F1, judge} also gets, over the questions Q of a source (runs without a score left out):
+
+    avg@k = mean_{q in Q} mean_r s_{q,r}        pass@k = mean_{q in Q} max_r s_{q,r}
+
+For 0/1 scores (EM, judge) pass@k is the usual one: the share of questions answered correctly in at least one of the
+k runs ("correct" = EM 1, or the judge's yes); for F1 it is the mean best F1. max >= mean per question, so
+pass@k >= avg@k in every row; with every run scored, avg@k is the mean over the k runs of the per-run mean score.
+Sampling is seeded per request, ``request_seed(seed, 0, question, run, turn, attempt)`` (``igpo.agent_loop``): the
+HF server samples each request from its own torch generator, a vLLM endpoint gets the request's ``seed``.
+
 What runs where:
 - the policy: ``HFRolloutServer`` (a local Hugging Face checkpoint, CPU or GPU) or ``OpenAICompletionsServer`` (an
   OpenAI-compatible ``/v1/completions`` endpoint that takes token ids and returns token ids, e.g. vLLM); both have
   the ``generate(request_id, prompt_ids, sampling_params) -> TokenOutput`` contract of verl's server manager;
 - the tools: a ``tool_server`` reached through ``ToolClient`` (``LocalToolServer`` starts one on a local corpus);
 - the bookkeeping: ``TraceStore`` appends one JSON line per finished row to ``traces.jsonl`` as soon as it is done,
-  so an interrupted run resumes where it stopped (rows keyed by ``(data_source, extra_info.index)``).
+  so an interrupted run resumes where it stopped (rows keyed by ``(data_source, extra_info.index, run)``).
 
 A row whose rollout raised (endpoint down, tool client crash) is NOT written: it is reported as failed and a rerun
 redoes it. ``settings.json`` records everything that changes the numbers; resuming with different settings is
@@ -61,7 +72,9 @@ TABLE_COLUMNS = (
     "data_source", "n", "em", "f1", "judge", "judge_failed", "mean_turns", "mean_tool_calls", "infra_errors",
     "sample_errors", "failed",
 )
-"""Columns of ``results.csv`` / ``results.md``; ``judge`` and ``judge_failed`` only when the judge is enabled."""
+"""Columns of ``results.csv`` / ``results.md``; ``judge`` and ``judge_failed`` only when the judge is enabled. With
+``runs = k > 1`` the table also has ``questions`` and ``<metric>_avg@k`` / ``<metric>_pass@k`` (``at_k_columns``)."""
+SCORE_METRICS = ("em", "f1", "judge")
 RESUME_KEYS = ("model", "tools", "judge", "agent", "sampling", "data_sha256")
 """Settings that must match for a run to resume into an existing output directory."""
 
@@ -105,10 +118,14 @@ class EvalConfig:
     """Print a progress line (rate, ETA) every this many finished rows."""
     chat_template_kwargs: Mapping[str, Any] = field(default_factory=dict)
     """Passed to the tokenizer's chat template (e.g. ``{"enable_thinking": false}`` for Qwen3)."""
+    runs: int = 1
+    """Answers per question (k of avg@k / pass@k); more than one needs sampling (temperature > 0)."""
+    seed: int = 0
+    """Base of the per-request sampling seeds: run r of question q draws the same tokens on a rerun."""
 
     def __post_init__(self) -> None:
         for name in ("max_turns", "max_tokens_per_turn", "prompt_length", "response_length", "top_k", "concurrency",
-                     "progress_every"):
+                     "progress_every", "runs"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise EvalInputError(f"{name}={value!r}: must be an integer >= 1.")
@@ -118,6 +135,14 @@ class EvalConfig:
             raise EvalInputError(f"temperature={self.temperature!r}: must be >= 0 (0 = greedy).")
         if not 0 < self.top_p <= 1:
             raise EvalInputError(f"top_p={self.top_p!r}: must be in (0, 1].")
+        if self.runs > 1 and self.temperature == 0:
+            raise EvalInputError(
+                f"runs={self.runs} with temperature=0: greedy decoding gives the same answer in every run, so "
+                f"avg@{self.runs} and pass@{self.runs} would both be the single-run score. Pass --temperature > 0 "
+                "(e.g. --temperature 0.7) to sample k different answers, or --runs 1."
+            )
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
+            raise EvalInputError(f"seed={self.seed!r}: must be an integer >= 0.")
         if not self.tool_timeout_s > 0:
             raise EvalInputError(f"tool_timeout_s={self.tool_timeout_s!r}: must be > 0 seconds.")
         # A tool turn must leave room for its observation and a final answer turn, or the loop can only answer.
@@ -157,6 +182,15 @@ class EvalRow:
     @property
     def key(self) -> tuple[str, str]:
         return (self.data_source, self.index)
+
+    def run_key(self, run: int) -> tuple[str, str, int]:
+        """The trace key of this row's ``run``-th answer (0-based)."""
+        return (self.data_source, self.index, run)
+
+    @property
+    def uid(self) -> str:
+        """The question's identity in its sampling seeds (``request_seed``): stable across runs and machines."""
+        return json.dumps([self.data_source, self.index])
 
     @property
     def question(self) -> str:
@@ -482,15 +516,16 @@ class LocalToolServer:
 
 
 class TraceStore:
-    """``traces.jsonl``: one JSON object per finished row, appended as rows finish; the resume record.
+    """``traces.jsonl``: one JSON object per finished (row, run), appended as they finish; the resume record.
 
-    A last line cut off by an interruption is dropped (and the file repaired); a broken line anywhere else is an
-    error, because the file would no longer say which rows are done.
+    Records are keyed by ``(data_source, index, run)``; a record without ``run`` (written before ``--runs``) is run 0,
+    and a two-part key asks for run 0. A last line cut off by an interruption is dropped (and the file repaired); a
+    broken line anywhere else is an error, because the file would no longer say which rows are done.
     """
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
-        self.records: dict[tuple[str, str], dict[str, Any]] = {}
+        self.records: dict[tuple[str, str, int], dict[str, Any]] = {}
         self.dropped_partial_line = False
         if self.path.exists():
             self._load()
@@ -506,7 +541,7 @@ class TraceStore:
                 continue
             try:
                 record = json.loads(line)
-                key = (record["data_source"], record["index"])
+                key = self._key(record)
             except (ValueError, KeyError, TypeError):
                 if number == len(lines):  # the unterminated last line of an interrupted write
                     self.dropped_partial_line = True
@@ -522,8 +557,12 @@ class TraceStore:
             with open(self.path, "r+b") as handle:
                 handle.truncate(min(good_end, len(raw)))
 
-    def __contains__(self, key: tuple[str, str]) -> bool:
-        return key in self.records
+    @staticmethod
+    def _key(record: Mapping[str, Any]) -> tuple[str, str, int]:
+        return (record["data_source"], record["index"], int(record.get("run", 0)))
+
+    def __contains__(self, key: tuple) -> bool:
+        return (tuple(key) + (0,) if len(key) == 2 else tuple(key)) in self.records
 
     def append(self, record: dict[str, Any]) -> None:
         if self._handle is None:
@@ -531,7 +570,7 @@ class TraceStore:
             self._handle = open(self.path, "a", encoding="utf-8")
         self._handle.write(json.dumps(record, ensure_ascii=False) + "\n")
         self._handle.flush()
-        self.records[(record["data_source"], record["index"])] = record
+        self.records[self._key(record)] = record
 
     def rewrite(self) -> None:
         """Write ``records`` (updated in place, e.g. re-judged rows) back; atomically, via a temporary file."""
@@ -552,10 +591,12 @@ class TraceStore:
 
 
 class Progress:
-    """Prints ``done/total``, the rate of this run and an ETA every ``every`` finished rows, and at the end."""
+    """Prints ``done/total``, the rate of this run and an ETA every ``every`` finished rows, and at the end.
 
-    def __init__(self, total: int, resumed: int, every: int, emit: Callable[[str], None]) -> None:
-        self.total, self.resumed, self.every, self.emit = total, resumed, every, emit
+    ``unit`` names what is counted: rows, or (question, run) pairs with ``--runs`` > 1."""
+
+    def __init__(self, total: int, resumed: int, every: int, emit: Callable[[str], None], unit: str = "rows") -> None:
+        self.total, self.resumed, self.every, self.emit, self.unit = total, resumed, every, emit, unit
         self.done = self.failed = 0
         self.start = time.perf_counter()
 
@@ -571,8 +612,8 @@ class Progress:
         rate = self.done / elapsed if elapsed > 0 else 0.0
         remaining = self.total - self.resumed - self.done
         eta = f"{remaining / rate:.0f}s" if rate > 0 else "?"
-        return (f"[evaluate] {self.resumed + self.done}/{self.total} rows ({self.resumed} resumed, {self.failed} "
-                f"failed) | {rate:.2f} rows/s | elapsed {elapsed:.0f}s | ETA {eta}")
+        return (f"[evaluate] {self.resumed + self.done}/{self.total} {self.unit} ({self.resumed} resumed, "
+                f"{self.failed} failed) | {rate:.2f} {self.unit}/s | elapsed {elapsed:.0f}s | ETA {eta}")
 
 
 @dataclass
@@ -580,10 +621,11 @@ class RunReport:
     """What one ``evaluate`` call did."""
 
     total: int
+    """(question, run) pairs selected: rows x runs."""
     resumed: int
     finished: int
-    failed: dict[tuple[str, str], str] = field(default_factory=dict)
-    """(data_source, index) -> error of every row whose rollout raised (not written; a rerun redoes it)."""
+    failed: dict[tuple[str, str, int], str] = field(default_factory=dict)
+    """(data_source, index, run) -> error of every rollout that raised (not written; a rerun redoes it)."""
     rejudged: int = 0
     seconds: float = 0.0
 
@@ -607,12 +649,13 @@ async def score_record(row: EvalRow, final_turn_text: str, reward_kwargs: Mappin
             "format_ok": bool(scores["format_ok"])}
 
 
-def trace_record(row: EvalRow, output: Any, scores: Mapping[str, Any], tokenizer: Any, seconds: float) -> dict:
+def trace_record(row: EvalRow, output: Any, scores: Mapping[str, Any], tokenizer: Any, seconds: float,
+                 run: int = 0) -> dict:
     extra = output.extra_fields
     final_turn = extra["igpo_final_turn_text"]
     names = list(extra["igpo_tool_names"])
     return {
-        "data_source": row.data_source, "index": row.index, "row": row.number, "question": row.question,
+        "data_source": row.data_source, "index": row.index, "run": run, "row": row.number, "question": row.question,
         "gold": list(row.aliases), "final_answer": extract_answer(final_turn), **scores,
         "turns": int(extra["igpo_num_turns"]), "tool_calls": sum(n is not None for n in names),
         "tool_names": names, "tool_status": list(extra["igpo_tool_status"]),
@@ -651,6 +694,7 @@ def make_agent_loop_factory(tokenizer: Any, server: Any, tools: Any, config: Eva
         "actor_rollout_ref": {"rollout": {"prompt_length": config.prompt_length,
                                           "response_length": config.response_length}},
         "algorithm": {"igpo": {"score_on": "actor", "agent": config.agent_section()}},
+        "seed": config.seed,  # with the uid and session_id of each run: per-request seeds (request_seed)
     }))
     data_config = DictConfigWrap(OmegaConf.create({"apply_chat_template_kwargs": dict(config.chat_template_kwargs)}))
     # verl warns on every loop construction when the model family has no token builder; once per run is enough.
@@ -677,20 +721,25 @@ async def evaluate(
     judge_settings: Mapping[str, Any] | None = None,
     emit: Callable[[str], None] = print,
 ) -> RunReport:
-    """Run the agent loop over every row not yet in ``store`` (at most ``config.concurrency`` at once) and score it.
+    """Run the agent loop ``config.runs`` times over every row (each (row, run) not yet in ``store``; at most
+    ``config.concurrency`` at once) and score each answer.
 
-    With the judge enabled, finished rows whose judge call failed earlier are judged again first (no rollout).
+    Run r of row q is sampled with the agent loop's per-request seeds from (``config.seed``, q's uid, r), so it draws
+    the same tokens however the runs are batched or resumed (where the backend honours a seed). With the judge
+    enabled, finished answers whose judge call failed earlier are judged again first (no rollout).
     """
     start = time.perf_counter()
     reward_kwargs = _reward_kwargs(config, judge_settings)
     build = make_agent_loop_factory(tokenizer, server, tools, config)
     build()  # the chat template is checked once here, so a template problem stops the run before any row
-    report = RunReport(total=len(rows), resumed=sum(r.key in store for r in rows), finished=0)
+    pairs = [(row, run) for row in rows for run in range(config.runs)]
+    report = RunReport(total=len(pairs), resumed=sum(row.run_key(run) in store for row, run in pairs), finished=0)
 
     if config.judge:
-        stale = [r for r in rows if r.key in store and store.records[r.key].get("judge_failed")]
-        for row in stale:
-            record = store.records[row.key]
+        stale = [(row, run) for row, run in pairs
+                 if row.run_key(run) in store and store.records[row.run_key(run)].get("judge_failed")]
+        for row, run in stale:
+            record = store.records[row.run_key(run)]
             record.update(await score_record(row, record["final_turn_text"], reward_kwargs))
             if not record["judge_failed"]:
                 report.rejudged += 1
@@ -699,12 +748,13 @@ async def evaluate(
             emit(f"[evaluate] re-judged {len(stale)} finished rows whose judge call had failed "
                  f"({report.rejudged} now have a verdict)")
 
-    todo = [r for r in rows if r.key not in store]
-    progress = Progress(len(rows), report.resumed, config.progress_every, emit)
+    todo = [(row, run) for row, run in pairs if row.run_key(run) not in store]
+    unit = "rows" if config.runs == 1 else "(question, run) pairs"
+    progress = Progress(len(pairs), report.resumed, config.progress_every, emit, unit=unit)
     semaphore = asyncio.Semaphore(config.concurrency)
     sampling = config.sampling_params()
 
-    async def one(row: EvalRow) -> None:
+    async def one(row: EvalRow, run: int) -> None:
         async with semaphore:
             began = time.perf_counter()
             try:
@@ -712,19 +762,20 @@ async def evaluate(
                     dict(sampling), raw_prompt=[dict(m) for m in row.messages],
                     reward_model={"ground_truth": row.ground_truth}, data_source=row.data_source,
                     extra_info={"index": row.index}, index=row.index, global_steps=0,
+                    uid=row.uid, session_id=run,  # the seed key: (seed, step 0, question, run)
                 )
                 scores = await score_record(row, output.extra_fields["igpo_final_turn_text"], reward_kwargs)
-            except Exception as err:  # noqa: BLE001 - recorded per row, reported, redone by the next run
+            except Exception as err:  # noqa: BLE001 - recorded per (row, run), reported, redone by the next run
                 message = f"{type(err).__name__}: {err}"
-                report.failed[row.key] = message
-                logger.warning("row %d %s failed: %s", row.number, row.key, message)
+                report.failed[row.run_key(run)] = message
+                logger.warning("row %d %s run %d failed: %s", row.number, row.key, run, message)
                 progress.tick(failed=True)
                 return
-            store.append(trace_record(row, output, scores, tokenizer, time.perf_counter() - began))
+            store.append(trace_record(row, output, scores, tokenizer, time.perf_counter() - began, run=run))
             report.finished += 1
             progress.tick()
 
-    await asyncio.gather(*(one(r) for r in todo))
+    await asyncio.gather(*(one(row, run) for row, run in todo))
     if not todo:
         emit(progress.line())
     report.seconds = time.perf_counter() - start
@@ -738,38 +789,65 @@ def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def summarize(records: list[Mapping[str, Any]], judge: bool, failed: Mapping[tuple[str, str], str] | None = None
-              ) -> list[dict[str, Any]]:
-    """Per-data_source table rows (sources sorted), then ``ALL`` (mean over rows) and ``AVG`` (mean over sources)."""
+def at_k_columns(judge: bool, runs: int) -> list[str]:
+    """``<metric>_avg@k`` and ``<metric>_pass@k`` for each reported score (none for a single run)."""
+    if runs <= 1:
+        return []
+    metrics = [m for m in SCORE_METRICS if judge or m != "judge"]
+    return [f"{m}_{kind}@{runs}" for m in metrics for kind in ("avg", "pass")]
+
+
+def at_k(group: list[Mapping[str, Any]], metric: str) -> tuple[float | None, float | None]:
+    """(avg@k, pass@k) of ``metric`` over the questions in ``group`` (trace records, any number of runs each).
+
+    Per question: the mean and the max of its runs' scores (runs without one, e.g. no judge verdict, left out);
+    avg@k and pass@k are the means of those over the questions that have a score (module docstring)."""
+    scores: dict[tuple[str, str], list[float]] = {}
+    for record in group:
+        if record.get(metric) is not None:
+            scores.setdefault((record["data_source"], record["index"]), []).append(float(record[metric]))
+    return (_mean([sum(v) / len(v) for v in scores.values()]), _mean([max(v) for v in scores.values()]))
+
+
+def summarize(records: list[Mapping[str, Any]], judge: bool, failed: Mapping[tuple, str] | None = None,
+              runs: int = 1) -> list[dict[str, Any]]:
+    """Per-data_source table rows (sources sorted), then ``ALL`` (mean over rows) and ``AVG`` (mean over sources).
+
+    With ``runs`` > 1, every row also has ``questions`` and the avg@k / pass@k columns (``at_k``); ``n`` counts the
+    scored (question, run) pairs and the other means are over them. ``AVG``'s avg@k / pass@k are the means of the
+    sources' (so pass@k >= avg@k there too)."""
     failed = failed or {}
     by_source: dict[str, list[Mapping[str, Any]]] = {}
     for record in records:
         by_source.setdefault(record["data_source"], []).append(record)
-    failed_by_source = Counter(source for source, _ in failed)
+    failed_by_source = Counter(key[0] for key in failed)
     table = []
     for source in sorted(set(by_source) | set(failed_by_source)):
         group = by_source.get(source, [])
-        table.append(_table_row(source, group, judge, failed_by_source[source]))
-    table.append(_table_row("ALL", records, judge, sum(failed_by_source.values())))
+        table.append(_table_row(source, group, judge, failed_by_source[source], runs))
+    table.append(_table_row("ALL", records, judge, sum(failed_by_source.values()), runs))
     per_source = [t for t in table[:-1] if t["n"]]
     average = {"data_source": "AVG", "n": sum(t["n"] for t in per_source)}
-    for column in TABLE_COLUMNS[2:]:
-        if column in table[-1]:
-            values = [t[column] for t in per_source if t[column] is not None]
-            summed = column in ("judge_failed", "infra_errors", "sample_errors", "failed")
-            average[column] = table[-1][column] if summed else _mean(values)
+    for column in list(table[-1])[2:]:
+        values = [t[column] for t in per_source if t[column] is not None]
+        summed = column in ("questions", "judge_failed", "infra_errors", "sample_errors", "failed")
+        average[column] = table[-1][column] if summed else _mean(values)
     table.append(average)
     return table
 
 
-def _table_row(source: str, group: list[Mapping[str, Any]], judge: bool, failed: int) -> dict[str, Any]:
-    row: dict[str, Any] = {
-        "data_source": source, "n": len(group),
-        "em": _mean([r["em"] for r in group]), "f1": _mean([r["f1"] for r in group]),
-    }
+def _table_row(source: str, group: list[Mapping[str, Any]], judge: bool, failed: int, runs: int = 1
+               ) -> dict[str, Any]:
+    row: dict[str, Any] = {"data_source": source, "n": len(group)}
+    if runs > 1:
+        row["questions"] = len({(r["data_source"], r["index"]) for r in group})
+    row.update({"em": _mean([r["em"] for r in group]), "f1": _mean([r["f1"] for r in group])})
     if judge:
         row["judge"] = _mean([r["judge"] for r in group if r.get("judge") is not None])
         row["judge_failed"] = sum(bool(r.get("judge_failed")) for r in group)
+    for column in at_k_columns(judge, runs)[::2]:
+        metric = column.split("_avg@")[0]
+        row[column], row[f"{metric}_pass@{runs}"] = at_k(group, metric)
     row.update({
         "mean_turns": _mean([r["turns"] for r in group]), "mean_tool_calls": _mean([r["tool_calls"] for r in group]),
         "infra_errors": sum(r["infra_errors"] for r in group),
@@ -782,14 +860,14 @@ def _cell(column: str, value: Any) -> str:
     if value is None:
         return "-"
     if isinstance(value, float):
-        return f"{value:.3f}" if column in ("em", "f1", "judge") else f"{value:.2f}"
+        return f"{value:.3f}" if column in SCORE_METRICS or "@" in column else f"{value:.2f}"
     return str(value)
 
 
 def write_tables(table: list[dict[str, Any]], settings: Mapping[str, Any], out_dir: Path) -> tuple[Path, Path]:
     """``results.csv`` (numbers at full precision) and ``results.md`` (settings header + the same table)."""
     out_dir = Path(out_dir)
-    columns = [c for c in TABLE_COLUMNS if c in table[0]]
+    columns = list(table[0])  # TABLE_COLUMNS in order, the at-k columns after the judge's
     csv_path, md_path = out_dir / "results.csv", out_dir / "results.md"
     with open(csv_path, "w", newline="", encoding="utf-8") as handle:
         writer = csv.DictWriter(handle, fieldnames=columns)
@@ -803,6 +881,13 @@ def write_tables(table: list[dict[str, Any]], settings: Mapping[str, Any], out_d
     lines += ["", "EM/F1: SQuAD-normalised, max over gold aliases, answer from the final assistant turn only. "
               "ALL = mean over rows, AVG = mean over sources. judge = mean over rows with a verdict; judge_failed = "
               "rows without one. failed = rows whose rollout raised (not scored; rerun to redo them)."]
+    runs = int((settings.get("sampling") or {}).get("runs") or 1)
+    if runs > 1:
+        lines += ["", f"{runs} sampled runs per question: n = scored (question, run) pairs, and em/f1/judge, turns "
+                  f"and tool calls are means over them. <metric>_avg@{runs} = mean over questions of the mean of its "
+                  f"runs' scores; <metric>_pass@{runs} = mean over questions of the best of its runs' scores: for "
+                  "EM and the judge (0/1) the share of questions answered correctly (EM = 1, judge yes) in at least "
+                  f"one run, for F1 the mean best F1. pass@{runs} >= avg@{runs} by construction."]
     md_path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return md_path, csv_path
 
@@ -819,7 +904,8 @@ def _settings_lines(settings: Mapping[str, Any]) -> list[str]:
         "- judge: " + (f"`{judge.get('model')}` (prompt sha256 {judge.get('prompt_sha256')}, temperature "
                         f"{judge.get('temperature')})" if judge else "off"),
         f"- max turns {agent.get('max_turns')}, max tokens/turn {agent.get('max_tokens_per_turn')}, sampling "
-        f"temperature {sampling.get('temperature')} top-p {sampling.get('top_p')}",
+        f"temperature {sampling.get('temperature')} top-p {sampling.get('top_p')}, runs per question "
+        f"{sampling.get('runs', 1)} (seed {sampling.get('seed')})",
         f"- data: `{data.get('path')}` (sha256 {str(settings.get('data_sha256', ''))[:16]}), "
         f"{data.get('rows')} rows, limit per source {data.get('limit_per_source')}",
         f"- git commit: {settings.get('git_commit')}",
@@ -894,11 +980,24 @@ def git_commit(repo: Path | None = None) -> str | None:
 
 
 def check_resume(out_dir: Path, settings: Mapping[str, Any]) -> None:
-    """Refuse to mix results: an existing ``settings.json`` must agree on every ``RESUME_KEYS`` entry."""
+    """Refuse to mix results: an existing ``settings.json`` must agree on every ``RESUME_KEYS`` entry.
+
+    A different ``--runs`` is refused with its own message: avg@k / pass@k over another k would mix two tables. A
+    directory from before ``--runs`` holds one greedy run per row, which resumes as ``--runs 1`` (its seed is moot)."""
     path = Path(out_dir) / "settings.json"
     if not path.exists() or not (Path(out_dir) / "traces.jsonl").exists():
         return
     previous = json.loads(path.read_text(encoding="utf-8"))
+    old, new = previous.get("sampling") or {}, settings.get("sampling") or {}
+    if "runs" not in old and old.get("temperature") == 0:
+        previous["sampling"] = {**old, **{k: new.get(k) for k in ("runs", "seed", "seeding")}, "runs": 1}
+    old_runs, new_runs = (previous.get("sampling") or {}).get("runs", 1), new.get("runs", 1)
+    if old_runs != new_runs:
+        raise EvalInputError(
+            f"{str(out_dir)!r} holds a run with --runs {old_runs}; this one asks for --runs {new_runs}. Scores over "
+            f"a different number of runs are not mixed: rerun with --runs {old_runs} to continue that run, or use "
+            "another --out (or --overwrite to start this directory over)."
+        )
     diffs = [key for key in RESUME_KEYS if _comparable(previous.get(key)) != _comparable(settings.get(key))]
     if diffs:
         details = "; ".join(f"{k}: was {previous.get(k)!r}, now {settings.get(k)!r}" for k in diffs)
@@ -918,11 +1017,24 @@ def write_settings(out_dir: Path, settings: Mapping[str, Any]) -> Path:
     return path
 
 
-def config_record(config: EvalConfig) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(agent settings, sampling settings) as recorded in ``settings.json``."""
+SEEDING = {
+    "hf": "per request: the HF server samples each request from its own torch generator seeded with "
+          "request_seed(seed, 0, question, run, turn, attempt); run r of question q repeats exactly (float64 on CPU)",
+    "endpoint": "per request: request_seed(seed, 0, question, run, turn, attempt) is sent as the completion's seed; "
+                "vLLM honours it, a server that ignores it samples unseeded and runs do not repeat",
+}
+"""How each policy backend seeds its sampling; ``settings.json`` records the run's under ``sampling.seeding``."""
+
+
+def config_record(config: EvalConfig, backend: str | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(agent settings, sampling settings) as recorded in ``settings.json``; ``backend`` (``hf`` / ``endpoint``)
+    picks the ``SEEDING`` note."""
     values = asdict(config)
     agent_keys = ("max_turns", "max_tokens_per_turn", "max_observation_tokens", "prompt_length", "response_length",
                   "tool_timeout_s", "chat_template_kwargs")
     agent = {k: values[k] for k in agent_keys}
     agent["system_prompt_sha256"] = hashlib.sha256(DEFAULT_SYSTEM_PROMPT.encode()).hexdigest()[:16]
-    return agent, {"temperature": config.temperature, "top_p": config.top_p}
+    sampling = {"temperature": config.temperature, "top_p": config.top_p, "runs": config.runs, "seed": config.seed}
+    if backend is not None:
+        sampling["seeding"] = SEEDING.get(backend, f"unknown backend {backend!r}: not known to honour a seed")
+    return agent, sampling

@@ -5,9 +5,19 @@ shape beside the published rows, with the recipe's corpus and its coverage cavea
 and top-k are the defaults, and settings.json records the recipe.
 
 Writes into --out: results.md / results.csv (per data_source: n, EM, F1, judge, mean turns, mean tool calls, infra
-errors), traces.jsonl (one line per row), accuracy_by_source.png, turns_hist.png and settings.json (model, tools,
-judge, agent and sampling settings, data file + sha256, git commit). Rerunning with the same --out resumes: rows
-already in traces.jsonl are not redone. The logic lives in igpo/evaluation.py.
+errors), traces.jsonl (one line per row and run), accuracy_by_source.png, turns_hist.png and settings.json (model,
+tools, judge, agent and sampling settings with runs and seed, data file + sha256, git commit, tool spend). Rerunning
+with the same --out resumes: (row, run) pairs already in traces.jsonl are not redone; a different --runs is refused.
+The logic lives in igpo/evaluation.py.
+
+With --runs k (k > 1, needs --temperature > 0) each question is answered k times, run r of question q with its own
+sampling seeds (from --seed, q and r), and every score (EM, F1, judge) also gets per data_source, ALL and AVG:
+
+    avg@k  = mean over questions of the mean of its k runs' scores (= the mean over runs of each run's mean score)
+    pass@k = mean over questions of the best of its k runs' scores: for EM and the judge (0/1) the share of questions
+             answered correctly (EM = 1, judge yes) in at least one run; for F1 the mean best F1
+
+so pass@k >= avg@k in every row. Runs without a score (no judge verdict) are left out of both.
 
 Examples::
 
@@ -17,6 +27,10 @@ Examples::
     # a vLLM server (token ids in and out) and a running tool server, judged by an LLM (JUDGE_* in the environment)
     python scripts/evaluate.py --data data/qa_test_7src.parquet --endpoint http://127.0.0.1:8000/v1 \\
         --model qwen --tokenizer /models/qwen --tool-server http://127.0.0.1:8001 --judge --out outputs/eval_qwen
+    # avg@4 / pass@4: four sampled answers per question
+    python scripts/evaluate.py --data data/qa_test_7src.parquet --endpoint http://127.0.0.1:8000/v1 \\
+        --model qwen --tokenizer /models/qwen --tool-server http://127.0.0.1:8001 \\
+        --runs 4 --temperature 0.7 --top-p 0.95 --out outputs/eval_qwen_k4
 
 Exit status: 0 when every selected row is scored; 1 when some rows failed (rerun to redo them); 2 for bad input.
 """
@@ -89,8 +103,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-observation-tokens", type=int, default=d.max_observation_tokens)
     p.add_argument("--prompt-length", type=int, default=d.prompt_length)
     p.add_argument("--response-length", type=int, default=d.response_length)
-    p.add_argument("--temperature", type=float, default=d.temperature, help="0 = greedy")
+    p.add_argument("--temperature", type=float, default=d.temperature,
+                   help="0 = greedy (the default; needs --runs 1)")
     p.add_argument("--top-p", type=float, default=d.top_p)
+    p.add_argument("--runs", type=int, default=d.runs, metavar="K",
+                   help="answers per question (default 1). K > 1 samples (needs --temperature > 0) and adds, per "
+                        "score, avg@K (mean over questions of the mean of its K runs) and pass@K (mean over questions "
+                        "of the best of its K runs: for EM / judge the share answered correctly, EM = 1 or judge yes, "
+                        "in at least one run; for F1 the mean best F1); pass@K >= avg@K. A rerun into the same --out "
+                        "needs the same K")
+    p.add_argument("--seed", type=int, default=d.seed,
+                   help=f"base of the per-request sampling seeds (default {d.seed}): run r of question q repeats "
+                        "where the backend honours a seed (the local HF model; vLLM)")
     p.add_argument("--chat-template-kwargs", default="{}", help='JSON, e.g. \'{"enable_thinking": false}\'')
     p.add_argument("--concurrency", type=int, default=d.concurrency, help="trajectories in flight at once")
     p.add_argument("--progress-every", type=int, default=d.progress_every, help="progress line every N rows")
@@ -126,7 +150,7 @@ def build_config(args: argparse.Namespace, recipe=None) -> EvalConfig:
         response_length=args.response_length, temperature=args.temperature, top_p=args.top_p,
         top_k=args.topk or (recipe.tool_topk if recipe else d.top_k),
         concurrency=args.concurrency, tool_timeout_s=args.tool_timeout_s, judge=args.judge,
-        progress_every=args.progress_every, chat_template_kwargs=template_kwargs,
+        progress_every=args.progress_every, chat_template_kwargs=template_kwargs, runs=args.runs, seed=args.seed,
     )
 
 
@@ -243,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
                                  "checkpoint directory.")
         args.out.mkdir(parents=True, exist_ok=True)  # the judge's verdict cache lives there
         judge_overrides, judge_description = judge_settings_for(args)
-        agent, sampling = config_record(config)
+        agent, sampling = config_record(config, "hf" if args.model_path else "endpoint")
         if args.model_path:
             model = {"kind": "hf", "path": str(args.model_path)}
         else:
@@ -288,15 +312,24 @@ def main(argv: list[str] | None = None) -> int:
         print(f"evaluate: error: {err}", file=sys.stderr)
         return 2
 
-    records = [store.records[row.key] for row in rows if row.key in store]
-    table = summarize(records, config.judge, report.failed)
+    keys = [row.run_key(run) for row in rows for run in range(config.runs)]
+    records = [store.records[key] for key in keys if key in store]
+    table = summarize(records, config.judge, report.failed, runs=config.runs)
     md_path, _ = write_tables(table, settings, args.out)
     write_plots(records, table, args.out)
     comparison = None
     if recipe is not None:
         from igpo.recipes import comparison_table
 
-        comparison = comparison_table(recipe, table)  # reads the per-source rows; its AVG is over the paper's sets
+        # reads the per-source rows; its AVG is over the paper's sets. With --runs k it gets questions and avg@k.
+        k = config.runs
+        ours = [{**line, "n": line.get("questions", line["n"]),
+                 **{m: line[f"{m}_avg@{k}"] for m in ("em", "f1", "judge") if f"{m}_avg@{k}" in line}}
+                for line in table]
+        comparison = comparison_table(recipe, ours)
+        if config.runs > 1:
+            comparison += (f"\nOurs: avg@{config.runs} over {config.runs} sampled runs per question (temperature "
+                           f"{config.temperature}, top-p {config.top_p}); results.md has pass@{config.runs}.")
         # the recipe names the paper's corpus; say what this run searched, so a rehearsal is not read as a result
         tools = settings["tools"]
         comparison += (f"\nThis run's tools: backend `{tools.get('backend')}` at "
@@ -308,9 +341,11 @@ def main(argv: list[str] | None = None) -> int:
         "status": "complete" if not report.failed else "incomplete",
         "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "wall_s": round(time.perf_counter() - started, 1),
-        "run": {"rows": report.total, "resumed": report.resumed, "finished": report.finished,
-                "failed": len(report.failed), "rejudged": report.rejudged, "rollout_s": round(report.seconds, 1)},
-        "failed_rows": [{"data_source": s, "index": i, "error": e} for (s, i), e in sorted(report.failed.items())],
+        "run": {"rows": len(rows), "runs": config.runs, "pairs": report.total, "resumed": report.resumed,
+                "finished": report.finished, "failed": len(report.failed), "rejudged": report.rejudged,
+                "rollout_s": round(report.seconds, 1)},
+        "failed_rows": [{"data_source": s, "index": i, "run": r, "error": e}
+                        for (s, i, r), e in sorted(report.failed.items())],
         "judge_metrics": judge_metrics() if config.judge else None, "tool_server_stats": tool_stats,
         "tool_spend": tool_spend,
     })
@@ -320,7 +355,8 @@ def main(argv: list[str] | None = None) -> int:
         print(comparison + "\n")
     if report.failed:
         distinct = sorted(set(report.failed.values()))
-        print(f"evaluate: {len(report.failed)} row(s) failed and are not scored ({len(distinct)} distinct errors, "
+        what = "row(s)" if config.runs == 1 else "(question, run) pair(s)"
+        print(f"evaluate: {len(report.failed)} {what} failed and are not scored ({len(distinct)} distinct errors, "
               f"first: {distinct[0]}); rerun the same command to redo them.", file=sys.stderr)
     if tool_spend is not None:
         ratio = tool_spend["cache_hit_ratio"]
@@ -330,8 +366,12 @@ def main(argv: list[str] | None = None) -> int:
               f"${tool_spend['estimated_cost_usd']:.4f} (--tool-price)")
     average = table[-1]
     judge_part = f" judge={average['judge']:.3f}" if config.judge and average.get("judge") is not None else ""
-    print(f"evaluate: {len(records)}/{len(rows)} rows scored, AVG EM={average['em']:.3f} F1={average['f1']:.3f}"
-          f"{judge_part} in {time.perf_counter() - started:.1f}s -> {args.out}"
+    k = config.runs
+    unit = "rows" if k == 1 else f"(question, run) pairs ({len(rows)} questions x {k} runs)"
+    at_k = "".join(f" {m.upper()} avg@{k}={average[f'{m}_avg@{k}']:.3f} pass@{k}={average[f'{m}_pass@{k}']:.3f}"
+                   for m in ("em", "f1") if k > 1 and average.get(f"{m}_avg@{k}") is not None)
+    print(f"evaluate: {len(records)}/{len(keys)} {unit} scored, AVG EM={average['em']:.3f} F1={average['f1']:.3f}"
+          f"{judge_part}{at_k} in {time.perf_counter() - started:.1f}s -> {args.out}"
           if records else f"evaluate: no row scored -> {args.out}")
     return 1 if report.failed else 0
 

@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from igpo import evaluation
 from igpo.evaluation import (
     EndpointError, LocalToolServer, OpenAICompletionsServer, TraceStore, file_sha256, load_rows, parse_completion,
 )
@@ -289,3 +290,121 @@ def test_trace_store_refuses_a_damaged_middle_line(tmp_path):
     store = TraceStore(path)
     assert store.dropped_partial_line and ("nq", "a") in store and ("nq", "b") not in store
     assert path.read_text() == '{"data_source": "nq", "index": "a"}\n'
+
+
+# ------------------------------------------------------------------------------------------------ --runs k
+
+
+def test_runs_k_reports_avg_and_pass_at_k_and_resumes_each_question_run_pair(tmp_path, tiny_model_dir, capsys):
+    out = tmp_path / "k4"
+    args = ["--data", TEST_SET, "--sources", SOURCES, "--limit-per-source", 1, "--model-path", tiny_model_dir,
+            "--corpus", CORPUS, "--out", out, "--max-turns", "2", "--max-tokens-per-turn", "16",
+            "--max-observation-tokens", "64", "--response-length", "512", "--runs", 4, "--temperature", "1.0",
+            "--seed", 7]
+    assert run_script(args) == 0
+    traces = read_traces(out / "traces.jsonl")
+    assert sorted((t["data_source"], t["run"]) for t in traces) == [(s, r) for s in ("2wiki", "Bamboogle")
+                                                                     for r in range(4)]
+    assert len({t["response_text"] for t in traces if t["data_source"] == "2wiki"}) > 1  # each run samples anew
+    table = read_csv(out / "results.csv")
+    assert set(table) == {"2wiki", "Bamboogle", "ALL", "AVG"}
+    for name, line in table.items():
+        assert line["n"] == ("8" if name in ("ALL", "AVG") else "4")
+        assert line["questions"] == ("2" if name in ("ALL", "AVG") else "1")
+        for metric in ("em", "f1"):
+            avg, best = float(line[f"{metric}_avg@4"]), float(line[f"{metric}_pass@4"])
+            assert 0.0 <= avg <= best <= 1.0, (name, metric, avg, best)
+    for source in ("2wiki", "Bamboogle"):  # the definitions, from the traces
+        f1 = [t["f1"] for t in traces if t["data_source"] == source]
+        assert float(table[source]["f1_avg@4"]) == pytest.approx(sum(f1) / 4)
+        assert float(table[source]["f1_pass@4"]) == pytest.approx(max(f1))
+    assert "em_pass@4" in (out / "results.md").read_text() and "pass@4 >= avg@4" in (out / "results.md").read_text()
+    settings = json.loads((out / "settings.json").read_text())
+    assert settings["sampling"]["runs"] == 4 and settings["sampling"]["temperature"] == 1.0
+    assert settings["sampling"]["seed"] == 7 and "torch generator" in settings["sampling"]["seeding"]
+    assert settings["run"]["pairs"] == 8 and settings["tools"]["backend"] == "local" and "tool_spend" in settings
+    capsys.readouterr()
+
+    # Interrupted after 5 of the 8 (question, run) pairs: only the other 3 are generated again, each from its own
+    # seeds, so the answers and the table come out the same.
+    lines = (out / "traces.jsonl").read_text().splitlines(keepends=True)
+    (out / "traces.jsonl").write_text("".join(lines[:5]))
+    before = (out / "results.csv").read_text()
+    assert run_script(args) == 0
+    assert "8/8 (question, run) pairs (5 resumed" in capsys.readouterr().out
+    again = read_traces(out / "traces.jsonl")
+    assert (out / "traces.jsonl").read_text().startswith("".join(lines[:5]))  # the finished five are untouched
+    key = lambda t: (t["data_source"], t["index"], t["run"])  # noqa: E731
+    assert {key(t): t["response_text"] for t in again} == {key(t): t["response_text"] for t in traces}
+    assert (out / "results.csv").read_text() == before
+
+    # Another k into the same directory is refused, never mixed.
+    assert run_script([*args[:-6], "--runs", 2, "--temperature", "1.0", "--seed", 7]) == 2
+    assert "--runs 4" in capsys.readouterr().err
+    assert len(read_traces(out / "traces.jsonl")) == 8
+
+
+def test_runs_k_over_an_endpoint_sends_per_run_seeds(tmp_path, tiny_model_dir, tiny_tokenizer, tool_server_url,
+                                                    capsys):
+    seeds = []
+
+    class SeededPolicy(ScriptedPolicy):  # right in some runs only: the answer depends on the request's seed
+        def __call__(self, body):
+            seeds.append(body.get("seed"))
+            return super().__call__(body)
+
+    policy = SeededPolicy(tiny_tokenizer, lambda q, gold: gold[0] if seeds[-1] % 3 == 0 else "zzz")
+    out = tmp_path / "k3"
+    with FakeOpenAI() as fake:
+        fake.default = policy
+        args = ["--data", TEST_SET, "--sources", SOURCES, "--limit-per-source", 2, "--endpoint", fake.base_url,
+                "--model", "m", "--tokenizer", tiny_model_dir, "--tool-server", tool_server_url, "--out", out,
+                "--runs", 3, "--temperature", "0.7", *SMALL]
+        assert run_script(args) == 0
+    assert policy.completions == 24 and None not in seeds and len(set(seeds)) == 24  # 4 questions x 3 runs x 2 turns
+    table = read_csv(out / "results.csv")
+    for line in table.values():
+        assert float(line["em_pass@3"]) >= float(line["em_avg@3"]) and line["questions"] in ("2", "4")
+    traces = read_traces(out / "traces.jsonl")
+    solved = {(t["data_source"], t["index"]) for t in traces if t["em"] == 1.0}
+    assert float(table["ALL"]["em_pass@3"]) == pytest.approx(len(solved) / 4)
+    assert float(table["ALL"]["em_avg@3"]) == pytest.approx(sum(t["em"] for t in traces) / 12)
+    assert float(table["ALL"]["em_pass@3"]) > float(table["ALL"]["em_avg@3"]) > 0  # some runs right, not all
+    settings = json.loads((out / "settings.json").read_text())
+    assert "sent as the completion's seed" in settings["sampling"]["seeding"]
+    assert "EM avg@3=" in capsys.readouterr().out.splitlines()[-1]
+
+
+def test_runs_above_one_need_sampling(tmp_path, capsys):
+    args = ["--data", TEST_SET, "--model-path", tmp_path / "no_model", "--corpus", CORPUS, "--out", tmp_path / "o",
+            "--runs", 3]
+    assert run_script(args) == 2
+    err = capsys.readouterr().err
+    assert "runs=3 with temperature=0" in err and "--temperature" in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_pass_at_k_is_the_best_run_and_avg_at_k_the_mean_run():
+    records = [{"data_source": s, "index": i, "run": r, "em": em, "f1": f1, "judge": None, "turns": 1,
+                "tool_calls": 0, "infra_errors": 0}
+               for s, i, r, em, f1 in [("nq", "a", 0, 0.0, 0.5), ("nq", "a", 1, 1.0, 1.0), ("nq", "b", 0, 0.0, 0.0),
+                                       ("nq", "b", 1, 0.0, 0.2), ("tq", "c", 0, 1.0, 1.0), ("tq", "c", 1, 1.0, 1.0)]]
+    table = {row["data_source"]: row for row in evaluation.summarize(records, judge=False, runs=2)}
+    assert table["nq"]["em_avg@2"] == pytest.approx(0.25) and table["nq"]["em_pass@2"] == pytest.approx(0.5)
+    assert table["nq"]["f1_avg@2"] == pytest.approx((0.75 + 0.1) / 2)
+    assert table["nq"]["f1_pass@2"] == pytest.approx((1.0 + 0.2) / 2)
+    assert table["ALL"]["em_pass@2"] == pytest.approx(2 / 3) and table["ALL"]["questions"] == 3
+    assert table["AVG"]["em_pass@2"] == pytest.approx(0.75) and table["AVG"]["em_avg@2"] == pytest.approx(0.625)
+    assert all(row[f"{m}_pass@2"] >= row[f"{m}_avg@2"] for row in table.values() for m in ("em", "f1"))
+    assert "em_pass@2" not in evaluation.summarize(records, judge=False)[0]  # one run: the table as before
+
+
+def test_a_directory_from_before_runs_resumes_as_one_greedy_run(tmp_path):
+    _, sampling = evaluation.config_record(evaluation.EvalConfig(), "hf")
+    (tmp_path / "traces.jsonl").write_text('{"data_source": "nq", "index": "a"}\n')
+    evaluation.write_settings(tmp_path, {"sampling": {"temperature": 0.0, "top_p": 1.0}})
+    evaluation.check_resume(tmp_path, {"sampling": sampling})  # no error: its one greedy run is run 0
+    assert ("nq", "a", 0) in TraceStore(tmp_path / "traces.jsonl")
+    _, sampled = evaluation.config_record(evaluation.EvalConfig(runs=2, temperature=0.5), "hf")
+    with pytest.raises(evaluation.EvalInputError, match="holds a run with --runs 1; this one asks for --runs 2"):
+        evaluation.check_resume(tmp_path, {"sampling": sampled})
