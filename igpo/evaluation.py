@@ -122,6 +122,11 @@ class EvalConfig:
     """Answers per question (k of avg@k / pass@k); more than one needs sampling (temperature > 0)."""
     seed: int = 0
     """Base of the per-request sampling seeds: run r of question q draws the same tokens on a rerun."""
+    system_prompt: str | None = None
+    """The agent's system prompt (None: ``igpo.protocol.DEFAULT_SYSTEM_PROMPT``); a policy is evaluated with the
+    prompt it was trained with (the CPU demo's is in ``configs/cpu_demo.yaml``)."""
+    tool_names: tuple[str, ...] | None = None
+    """Tools the agent may call (None: the agent loop's default, search and visit)."""
 
     def __post_init__(self) -> None:
         for name in ("max_turns", "max_tokens_per_turn", "prompt_length", "response_length", "top_k", "concurrency",
@@ -160,9 +165,14 @@ class EvalConfig:
 
     def agent_section(self) -> dict[str, Any]:
         """``algorithm.igpo.agent`` for the loop: concurrency is bounded by the evaluator, not the loop."""
-        return {"max_turns": self.max_turns, "max_tokens_per_turn": self.max_tokens_per_turn,
-                "max_observation_tokens": self.max_observation_tokens, "tool_timeout_s": self.tool_timeout_s,
-                "max_concurrent_trajectories": 0}
+        section = {"max_turns": self.max_turns, "max_tokens_per_turn": self.max_tokens_per_turn,
+                   "max_observation_tokens": self.max_observation_tokens, "tool_timeout_s": self.tool_timeout_s,
+                   "max_concurrent_trajectories": 0}
+        if self.system_prompt is not None:
+            section["system_prompt"] = self.system_prompt
+        if self.tool_names is not None:
+            section["tool_names"] = list(self.tool_names)
+        return section
 
 
 # ---------------------------------------------------------------------------------------------------- test set
@@ -1033,7 +1043,9 @@ def config_record(config: EvalConfig, backend: str | None = None) -> tuple[dict[
     agent_keys = ("max_turns", "max_tokens_per_turn", "max_observation_tokens", "prompt_length", "response_length",
                   "tool_timeout_s", "chat_template_kwargs")
     agent = {k: values[k] for k in agent_keys}
-    agent["system_prompt_sha256"] = hashlib.sha256(DEFAULT_SYSTEM_PROMPT.encode()).hexdigest()[:16]
+    prompt = config.system_prompt if config.system_prompt is not None else DEFAULT_SYSTEM_PROMPT
+    agent["system_prompt_sha256"] = hashlib.sha256(prompt.encode()).hexdigest()[:16]
+    agent["tool_names"] = list(config.tool_names) if config.tool_names is not None else "default"
     sampling = {"temperature": config.temperature, "top_p": config.top_p, "runs": config.runs, "seed": config.seed}
     if backend is not None:
         sampling["seeding"] = SEEDING.get(backend, f"unknown backend {backend!r}: not known to honour a seed")

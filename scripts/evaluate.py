@@ -101,6 +101,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-turns", type=int, default=None, help=f"default: the recipe's, else {d.max_turns}")
     p.add_argument("--max-tokens-per-turn", type=int, default=d.max_tokens_per_turn)
     p.add_argument("--max-observation-tokens", type=int, default=d.max_observation_tokens)
+    p.add_argument("--system-prompt", default=None,
+                   help="the agent's system prompt, as the policy was trained with (default: igpo.protocol's); "
+                        "the CPU demo's is algorithm.igpo.agent.system_prompt in configs/cpu_demo.yaml")
+    p.add_argument("--tool-names", default=None, help="comma-separated tools the agent may call (default: search,visit)")
     p.add_argument("--prompt-length", type=int, default=d.prompt_length)
     p.add_argument("--response-length", type=int, default=d.response_length)
     p.add_argument("--temperature", type=float, default=d.temperature,
@@ -151,6 +155,7 @@ def build_config(args: argparse.Namespace, recipe=None) -> EvalConfig:
         top_k=args.topk or (recipe.tool_topk if recipe else d.top_k),
         concurrency=args.concurrency, tool_timeout_s=args.tool_timeout_s, judge=args.judge,
         progress_every=args.progress_every, chat_template_kwargs=template_kwargs, runs=args.runs, seed=args.seed,
+        system_prompt=args.system_prompt, tool_names=tuple(_csv(args.tool_names)) if args.tool_names else None,
     )
 
 
