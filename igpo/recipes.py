@@ -7,13 +7,23 @@ coverage caveat, evaluation set and metric) and the paper's table. This module r
 data it needs, which the launcher names when ``TRAIN_FILE`` is not set) and for the evaluation harness,
 which prints our numbers in the paper's table shape beside the published rows (``comparison_table``).
 
+Every training value of a recipe carries a source tag in a trailing comment (``# [paper] ...``, ``# [code] ...``,
+``# [drv] ...``, ``# [ours] why``). ``show <name>`` prints each value as composed over igpo_trainer.yaml with its
+tag; ``diff <name> <launch-script.sh>`` reads a published launch script (its ``key=value`` overrides of verl's
+``main_ppo``), maps the reference's keys to ours (``REFERENCE_KEYS``) and says, per key, whether the values are the
+same, differ (with the recipe line's reason, or UNEXPLAINED) or have no counterpart here.
+
 Published values are percentages as the papers print them; our per-source means (0..1) are scaled by 100.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import math
+import operator
+import re
+import shlex
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -76,11 +86,7 @@ def load_recipe(name_or_path: str | Path) -> Recipe:
     """Read ``configs/recipe/<name>.yaml`` (or a path) and check its ``igpo_recipe`` section."""
     from omegaconf import OmegaConf
 
-    path = Path(name_or_path)
-    if path.suffix != ".yaml":
-        path = RECIPE_DIR / f"{name_or_path}.yaml"
-    if not path.is_file():
-        raise RecipeError(f"recipe {str(name_or_path)!r}: no file {path}; use one of {available()}.")
+    path = _recipe_path(name_or_path)
     section = OmegaConf.to_container(OmegaConf.load(path)).get("igpo_recipe")
     if not isinstance(section, dict):
         raise RecipeError(f"{path}: no igpo_recipe section; a recipe states its setting there (see "
@@ -155,6 +161,604 @@ def _cell(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
+# ------------------------------------------------------------------------------- show: each value with its source
+
+TAG_RE = re.compile(r"^\[(\w+)\]\s*(.*)$")
+_KEY_LINE = re.compile(r"^(\s*)([\w.\-]+):\s*(.*)$")
+_DESCRIPTION = "igpo_recipe"  # the setting's description (tools/data/table read it); not a training value
+
+
+@dataclass(frozen=True)
+class RecipeLine:
+    """One ``key: value  # comment`` line of a recipe file: where a training value is set and what it says about it."""
+
+    key: str
+    text: str
+    comment: str
+    line: int
+
+    @property
+    def tag(self) -> str | None:
+        match = TAG_RE.match(self.comment)
+        return match.group(1) if match else None
+
+    @property
+    def reason(self) -> str | None:
+        """The tag with words after it (``[ours] why``), the only kind of comment that explains a difference."""
+        match = TAG_RE.match(self.comment)
+        return self.comment if match and re.search(r"[A-Za-z]", match.group(2)) else None
+
+
+def recipe_lines(name_or_path: str | Path) -> dict[str, RecipeLine]:
+    """The training values a recipe file sets (all but its ``igpo_recipe`` description), keyed by dotted path.
+
+    Read from the YAML text, since the tags live in comments, and checked against what OmegaConf loads, so a value
+    written in a shape this reader does not follow is named instead of silently skipped.
+    """
+    from omegaconf import OmegaConf
+
+    path = _recipe_path(name_or_path)
+    found: dict[str, RecipeLine] = {}
+    stack: list[tuple[int, str]] = []
+    in_description = False
+    for number, raw in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        match = _KEY_LINE.match(raw)
+        if not raw.strip() or raw.lstrip().startswith("#") or not match:
+            continue
+        indent, key, rest = len(match.group(1)), match.group(2), match.group(3)
+        if indent == 0:
+            in_description = key == _DESCRIPTION
+        if in_description:
+            continue
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        value, comment = _split_comment(rest)
+        if value:
+            dotted = ".".join([k for _, k in stack] + [key])
+            found[dotted] = RecipeLine(key=dotted, text=value, comment=comment, line=number)
+        else:
+            stack.append((indent, key))
+    loaded = OmegaConf.to_container(OmegaConf.load(path))
+    expected = {k for k in _leaves(loaded) if not k.startswith(_DESCRIPTION + ".")}
+    missed = sorted(expected - set(found))
+    if missed:
+        raise RecipeError(f"{path}: cannot find the line of {missed}; write each training value on its own "
+                          "`key: value  # [tag] why` line (block mappings, no flow-style maps).")
+    return found
+
+
+def compose_recipe(name: str):
+    """configs/igpo_trainer.yaml with ``recipe=<name>``, as Hydra composes it for training."""
+    from hydra import compose, initialize_config_dir
+
+    _recipe_path(name)
+    with initialize_config_dir(config_dir=str(RECIPE_DIR.parent), version_base=None):
+        return compose(config_name="igpo_trainer", overrides=[f"recipe={name}"])
+
+
+def show_recipe(name: str) -> str:
+    """Every training value the recipe sets, its value after composition, and its source tag (or UNTRACED)."""
+    lines = recipe_lines(name)
+    config = compose_recipe(name)
+    rows = [(key, _fmt(_select(config, key)), line.comment if line.tag else f"UNTRACED {line.comment}".rstrip())
+            for key, line in lines.items()]
+    width = max(len(f"{k} = {v}") for k, v, _ in rows)
+    untraced = sum(c.startswith("UNTRACED") for _, _, c in rows)
+    out = [f"recipe {name} ({_recipe_path(name).relative_to(RECIPE_DIR.parent.parent)}), "
+           f"composed over configs/igpo_trainer.yaml:"]
+    out += [f"  {f'{k} = {v}':<{width}}  # {c}" for k, v, c in rows]
+    out.append(f"{len(rows)} values, {len(rows) - untraced} traced, {untraced} UNTRACED")
+    return "\n".join(out)
+
+
+# ------------------------------------------------------------------- diff: a recipe against a published script
+
+
+@dataclass(frozen=True)
+class Counterpart:
+    """Where a reference script's key lives in our config. ``ours`` empty: deliberately not ours (``reason`` why).
+    Several keys combine as ``combine`` says (``sum``: a context length; ``product``: a count in trajectories)."""
+
+    ours: tuple[str, ...]
+    reason: str
+    combine: str = "one"
+    why: str | None = None  # the key whose recipe line explains a difference; None: the first of ``ours``
+
+
+def _to(key: str, reason: str) -> Counterpart:
+    return Counterpart((key,), reason)
+
+
+def _dropped(reason: str) -> Counterpart:
+    return Counterpart((), reason)
+
+
+_CONTEXT = ("data.max_prompt_length", "data.max_response_length")
+_PATHS = "a path or endpoint: train_igpo.sh takes TRAIN_FILE/VAL_FILE, MODEL_PATH, OUTPUT_DIR, RETRIEVER_URL"
+_LOGGING = "logging and experiment tracking, not the method"
+_VALIDATION = ("validation during training: ours evaluates after training with scripts/evaluate.py "
+               "(igpo_trainer.yaml sets test_freq=-1, val_before_train=false)")
+_MICRO = ("micro-batching for the reference's GPUs: ours packs micro-batches by tokens (use_dynamic_bsz, "
+          "igpo_launch.tokens_per_gpu); the update does not change")
+_CRITIC = "no critic: the group baseline (GRPO, IGPO) needs none"
+_IGPO_KEY = "DR-Venus's top-level algorithm key; ours lives under algorithm.igpo"
+
+# Reference key (without Hydra's leading +) -> ours. Keys not listed compare with the same key of our config when it
+# exists there, and are `not ours` otherwise.
+REFERENCE_KEYS: dict[str, Counterpart] = {
+    # group size and batch units
+    "actor_rollout_ref.rollout.n_agent": _to("actor_rollout_ref.rollout.n",
+                                             "Search-R1 repeats each prompt n_agent times (its rollout.n stays 1)"),
+    "agent_grpo.n": _to("actor_rollout_ref.rollout.n",
+                        "IGPO and DR-Venus repeat each prompt agent_grpo.n times (their rollout.n stays 1)"),
+    "actor_rollout_ref.actor.ppo_mini_batch_size": Counterpart(
+        ("actor_rollout_ref.actor.ppo_mini_batch_size", "actor_rollout_ref.rollout.n"),
+        "theirs counts trajectories (rollout.n is 1 there); verl 0.9.1 counts prompts x rollout.n: compared in "
+        "trajectories", "product"),
+    # lengths
+    "data.max_prompt_length": Counterpart(
+        _CONTEXT, "the references grow the prompt turn by turn, so theirs bounds the conversation; ours bounds the "
+        "first prompt and counts every turn in data.max_response_length: compared as the context", "sum",
+        "data.max_response_length"),
+    "data.max_start_length": _to("data.max_prompt_length", "Search-R1's budget for the first prompt"),
+    "data.max_response_length": _to("algorithm.igpo.agent.max_tokens_per_turn",
+                                    "the references' generation cap of one turn (ours: max_tokens_per_turn; our "
+                                    "data.max_response_length spans all turns)"),
+    "data.max_model_len": Counterpart(_CONTEXT, "the context window: ours is prompt + response", "sum",
+                                      "data.max_response_length"),
+    "actor_rollout_ref.rollout.max_model_len": Counterpart(_CONTEXT, "the vLLM context window: ours is planned as "
+                                                           "prompt + response", "sum", "data.max_response_length"),
+    "actor_rollout_ref.rollout.prompt_length": _to("data.max_prompt_length",
+                                                   "DR-Venus's async loop: padding of the first prompt"),
+    "actor_rollout_ref.rollout.response_length": _to("algorithm.igpo.agent.max_tokens_per_turn",
+                                                     "DR-Venus's async loop: the generation cap of one turn"),
+    "data.max_obs_length": _to("algorithm.igpo.agent.max_observation_tokens", "Search-R1's cap on one tool result"),
+    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": _to("igpo_launch.tokens_per_gpu",
+                                                             "planned from igpo_launch.tokens_per_gpu"),
+    "actor_rollout_ref.actor.ulysses_sequence_parallel_size": _to("igpo_launch.sequence_parallel",
+                                                                  "planned from igpo_launch.sequence_parallel"),
+    # the agent and its tools
+    "max_turns": _to("algorithm.igpo.agent.max_turns", "the references' turn cap"),
+    "tool_timeout": _to("algorithm.igpo.agent.tool_timeout_s", "DR-Venus's per-call tool deadline"),
+    "retriever.topk": _to("igpo_recipe.tool_server.topk", "passages per search, served by our tool server"),
+    "actor_rollout_ref.rollout.agent.completion_cutoff": _to("algorithm.igpo.agent.completion_cutoff",
+                                                             "our agent loop's straggler cut-off"),
+    "search_engine": _dropped("the tool backend is igpo_recipe.tool_server.backend (online_search = our web)"),
+    "codeact_env_disabled": _dropped("IGPO's code-execution tool switch (off there); our agents have no code tool"),
+    "actor_rollout_ref.rollout.agent.agent_loop_config_path": _dropped("DR-Venus's agent-loop file; ours is "
+                                                                       "igpo_agent, set by igpo_base.yaml"),
+    "actor_rollout_ref.actor.state_masking": _dropped("tool observations never enter our loss (response_mask 0)"),
+    "actor_rollout_ref.actor.mask_tool_response": _dropped("tool observations never enter our loss (response_mask 0)"),
+    "reward_model.reward_kwargs.deepthink_disabled": _dropped("DR-Venus's mid-rollout 'think deeper' prompts (off "
+                                                              "there); our agent loop sends none"),
+    # algorithm
+    "algorithm.use_info_gain": _dropped("implied by algorithm.adv_estimator=igpo"),
+    "algorithm.no_think_rl": _dropped("Search-R1's ablation that drops the reasoning (false there, as ours)"),
+    "algorithm.info_gain_type": _to("algorithm.igpo.info_gain_type", _IGPO_KEY),
+    "algorithm.info_gain_norm_mode": _to("algorithm.igpo.norm_mode", _IGPO_KEY),
+    "algorithm.ig_compute_freq": _to("algorithm.igpo.ig_compute_freq", _IGPO_KEY),
+    "algorithm.ig_tool_filter": _to("algorithm.igpo.ig_tool_filter", _IGPO_KEY),
+    "algorithm.ig_weight": _to("algorithm.igpo.ig_weight", _IGPO_KEY),
+    "algorithm.use_format_penalty": _to("algorithm.igpo.use_format_penalty", _IGPO_KEY),
+    "algorithm.format_penalty_scale": _to("algorithm.igpo.format_penalty_scale", _IGPO_KEY),
+    "reward_model.train_reward_type": _to("reward.custom_reward_function.reward_kwargs.train_reward_type",
+                                          "our reward function's argument"),
+    "reward_model.reward_manager": _dropped("our reward manager is set by igpo_base.yaml for igpo.reward"),
+    "data.shuffle_train_dataloader": _to("data.shuffle", "the older verl name"),
+    # hardware-specific
+    "actor_rollout_ref.model.use_remove_padding": _dropped("planned by igpo_launch.attention: on with flash-attn, "
+                                                           "off under the sdpa fallback"),
+    "actor_rollout_ref.actor.fsdp_config.grad_offload": _dropped("no such key in verl 0.9.1: gradients offload with "
+                                                                 "param_offload"),
+    "actor_rollout_ref.actor.ppo_micro_batch_size": _dropped(_MICRO),
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": _dropped(_MICRO),
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size": _dropped(_MICRO),
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": _dropped(_MICRO),
+    "actor_rollout_ref.ref.log_prob_micro_batch_size": _dropped(_MICRO),
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": _dropped(_MICRO),
+    "critic.optim.lr": _dropped(_CRITIC),
+    "critic.model.path": _dropped(_CRITIC),
+    "critic.ppo_micro_batch_size_per_gpu": _dropped(_CRITIC),
+    # data, paths, logging, validation
+    "data.train_data_num": _dropped("Search-R1's row subsampling; null there (all rows), as ours"),
+    "data.val_data_num": _dropped("Search-R1's row subsampling; null there (all rows), as ours"),
+    "data.train_files": _dropped(_PATHS),
+    "data.val_files": _dropped(_PATHS),
+    "data.data_writing_path": _dropped(_PATHS),
+    "actor_rollout_ref.model.path": _dropped(_PATHS),
+    "retriever.url": _dropped(_PATHS),
+    "trainer.default_local_dir": _dropped(_PATHS),
+    "trainer.default_hdfs_dir": _dropped(_PATHS),
+    "trainer.validation_data_dir": _dropped(_PATHS),
+    "trainer.logger": _dropped(_LOGGING),
+    "trainer.project_name": _dropped(_LOGGING),
+    "trainer.experiment_name": _dropped(_LOGGING),
+    "actor_rollout_ref.rollout.disable_log_stats": _dropped(_LOGGING),
+    "trace_save_interval": _dropped(_LOGGING),
+    "trace_max_samples": _dropped(_LOGGING),
+    "data.val_batch_size": _dropped(_VALIDATION),
+    "trainer.val_only": _dropped(_VALIDATION),
+    "trainer.val_before_train": _dropped(_VALIDATION),
+    "trainer.test_freq": _dropped(_VALIDATION),
+    "reward_model.valid_reward_type": _dropped(_VALIDATION),
+}
+
+
+@dataclass(frozen=True)
+class LaunchScript:
+    """The ``key=value`` overrides of a launch script's verl command; ``unresolved`` maps a key to the raw text
+    whose variables or command output this reader could not work out."""
+
+    path: Path
+    overrides: dict[str, str]
+    unresolved: dict[str, str]
+
+
+_ASSIGN = re.compile(r"^(?:export\s+)?([A-Za-z_]\w*)=(.*)$")
+_MAIN = re.compile(r"-m\s+verl\.trainer\.main_\w+|\bmain_ppo\.py\b")
+_UNRESOLVED = "\x00"
+
+
+def read_launch_script(path: Path) -> LaunchScript:
+    """Read a bash launch script without running it: its variables (``VAR=...``, ``export VAR=...``, ``$((...))``,
+    simple ``if [ ... ]`` branches and ``$([ ... ] && echo ... || true)``) and the overrides of its verl command."""
+    if not path.is_file():
+        raise RecipeError(f"launch script {path}: no such file; write the reference's script to a file first, e.g. "
+                          "`git -C <mirror> show HEAD:train_grpo.sh > /tmp/train_grpo.sh`.")
+    physical = [ln for ln in path.read_text(encoding="utf-8").splitlines() if not ln.lstrip().startswith("#")]
+    logical = re.sub(r"\\\n", " ", "\n".join(physical)).splitlines()
+    shell = _Shell()
+    command = None
+    for line in logical:
+        text = line.strip()
+        found = _MAIN.search(text)
+        if found:
+            command = text[found.end():]
+            break
+        shell.step(text)
+    if command is None:
+        raise RecipeError(f"launch script {path}: no `python -m verl.trainer.main_*` command; pass the script that "
+                          "starts the reference's training.")
+    overrides: dict[str, str] = {}
+    unresolved: dict[str, str] = {}
+    for token in shlex.split(shell.expand(command)):
+        if token.startswith(("|", ">", "<", "&", ";", "2>", "1>")):
+            break
+        match = re.match(r"^\+*([A-Za-z_][\w.\-]*)=(.*)$", token, re.S)
+        if not match:
+            continue
+        key, value = match.groups()
+        if _UNRESOLVED in value:
+            unresolved[key] = shell.restore(value)
+        else:
+            overrides[key] = value
+    return LaunchScript(path=path, overrides=overrides, unresolved=unresolved)
+
+
+class _Shell:
+    """Just enough of bash to read a launch script's variables; anything else is left unresolved, never guessed."""
+
+    def __init__(self) -> None:
+        self.env: dict[str, str] = {}
+        self.branches: list[bool | None] = []
+        self.raw: list[str] = []
+
+    def _live(self) -> bool | None:
+        if any(b is False for b in self.branches):
+            return False
+        return None if any(b is None for b in self.branches) else True
+
+    def step(self, text: str) -> None:
+        head = text.split(None, 1)[0] if text else ""
+        if head in ("if", "elif"):
+            condition = re.sub(r";?\s*then\s*$", "", text.split(None, 1)[1] if " " in text else "")
+            if head == "elif":
+                self.branches[-1:] = [None]
+            else:
+                self.branches.append(self._condition(condition))
+            return
+        if head == "else" and self.branches:
+            self.branches[-1] = None if self.branches[-1] is None else not self.branches[-1]
+            return
+        if head == "fi" and self.branches:
+            self.branches.pop()
+            return
+        match = _ASSIGN.match(text)
+        live = self._live()
+        if not match or live is False:
+            return
+        name, value = match.groups()
+        if live is None:
+            self.env[name] = self._mark(f"${name}")
+            return
+        words = shlex.split(self.expand(value), comments=True) if value.strip() else []
+        self.env[name] = words[0] if words else ""
+
+    def _mark(self, raw: str) -> str:
+        self.raw.append(raw)
+        return f"{_UNRESOLVED}{len(self.raw) - 1}{_UNRESOLVED}"
+
+    def restore(self, text: str) -> str:
+        return re.sub(f"{_UNRESOLVED}(\\d+){_UNRESOLVED}", lambda m: self.raw[int(m.group(1))], text)
+
+    def expand(self, text: str) -> str:
+        """Parameter, arithmetic and (echo-only) command substitution outside single quotes."""
+        out, i, quote = [], 0, None
+        while i < len(text):
+            char = text[i]
+            if char == "'" and quote != '"':
+                quote = None if quote == "'" else "'"
+            elif char == '"' and quote != "'":
+                quote = None if quote == '"' else '"'
+            if quote == "'" or char not in "$`":
+                out.append(char)
+                i += 1
+                continue
+            if char == "`":
+                end = text.find("`", i + 1)
+                end = len(text) - 1 if end < 0 else end
+                out.append(self._mark(text[i:end + 1]))
+                i = end + 1
+            elif text.startswith("$((", i):
+                end = _closing(text, i + 1)
+                out.append(self._arithmetic(text[i + 3:end - 1], text[i:end + 1]))
+                i = end + 1
+            elif text.startswith("$(", i):
+                end = _closing(text, i + 1)
+                out.append(self._command(text[i + 2:end], text[i:end + 1]))
+                i = end + 1
+            elif text.startswith("${", i):
+                end = text.find("}", i)
+                out.append(self._parameter(text[i + 2:end], text[i:end + 1]))
+                i = end + 1
+            else:
+                match = re.match(r"\$([A-Za-z_]\w*|\d|[?#@*!$])", text[i:])
+                if not match:
+                    out.append(char)
+                    i += 1
+                    continue
+                out.append(self._parameter(match.group(1), match.group(0)))
+                i += match.end()
+        return "".join(out)
+
+    def _parameter(self, body: str, raw: str) -> str:
+        match = re.match(r"^([A-Za-z_]\w*)(?::([+\-])(.*))?$", body, re.S)
+        if not match:
+            return self._mark(raw)
+        name, op, word = match.groups()
+        value = self.env.get(name)
+        if op is None:
+            return self._mark(raw) if value is None else value
+        if value is None or _UNRESOLVED in value:
+            return self._mark(raw)
+        if op == "+":
+            return self.expand(word) if value else ""
+        return value if value else self.expand(word)
+
+    def _arithmetic(self, expression: str, raw: str) -> str:
+        names = set(re.findall(r"[A-Za-z_]\w*", expression))
+        values = {n: self.env.get(n, "") for n in names}
+        if any(not re.fullmatch(r"-?\d+", v) for v in values.values()):
+            return self._mark(raw)
+        python = re.sub(r"[A-Za-z_]\w*", lambda m: values[m.group(0)], self.expand(expression))
+        python = python.replace("/", "//").strip()
+        try:
+            return str(_integer(ast.parse(python, mode="eval").body))
+        except (SyntaxError, ValueError, ZeroDivisionError):
+            return self._mark(raw)
+
+    def _command(self, body: str, raw: str) -> str:
+        """``[ test ] && ... && echo WORDS || true`` (or ``|| echo OTHER``); any other command is unresolved."""
+        first, _, otherwise = body.partition("||")
+        steps = [s.strip() for s in first.split("&&")]
+        if not steps[-1].startswith("echo "):
+            return self._mark(raw)
+        verdicts = [self._condition(s) for s in steps[:-1]]
+        if any(v is None for v in verdicts):
+            return self._mark(raw)
+        if all(verdicts):
+            return " ".join(shlex.split(self.expand(steps[-1][5:])))
+        otherwise = otherwise.strip()
+        if otherwise in ("true", ":"):
+            return ""
+        if otherwise.startswith("echo "):
+            return " ".join(shlex.split(self.expand(otherwise[5:])))
+        return self._mark(raw)
+
+    def _condition(self, text: str) -> bool | None:
+        words = shlex.split(self.expand(text.strip()))
+        if len(words) < 3 or words[0] != "[" or words[-1] != "]" or any(_UNRESOLVED in w for w in words):
+            return None
+        test = words[1:-1]
+        if len(test) == 2 and test[0] in ("-n", "-z"):
+            return bool(test[1]) == (test[0] == "-n")
+        if len(test) == 3 and test[1] in ("=", "==", "!="):
+            return (test[0] == test[2]) == (test[1] != "!=")
+        return None
+
+
+def _closing(text: str, open_at: int) -> int:
+    """Index of the parenthesis closing the one at ``open_at`` (quotes respected)."""
+    depth, quote = 0, None
+    for i in range(open_at, len(text)):
+        char = text[i]
+        if quote:
+            quote = None if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char == "(":
+            depth += 1
+        elif char == ")":
+            depth -= 1
+            if depth == 0:
+                return i
+    return len(text) - 1
+
+
+_ARITHMETIC = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv,
+               ast.Mod: operator.mod}
+
+
+def _integer(node: ast.AST) -> int:
+    if isinstance(node, ast.Constant) and isinstance(node.value, int):
+        return node.value
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        return -_integer(node.operand)
+    if isinstance(node, ast.BinOp) and type(node.op) in _ARITHMETIC:
+        return _ARITHMETIC[type(node.op)](_integer(node.left), _integer(node.right))
+    raise ValueError("not integer arithmetic")
+
+
+def diff_recipe(name: str, script: Path) -> str:
+    """One line per override of the script: same, differs (with the recipe line's reason or UNEXPLAINED), not ours
+    (with the reason when REFERENCE_KEYS drops it on purpose) or unresolved; then the counts."""
+    launch = read_launch_script(Path(script))
+    lines = recipe_lines(name)
+    config = compose_recipe(name)
+    out = [f"recipe {name} vs {launch.path}:"]
+    counts = {"same": 0, "differ": 0, "unexplained": 0, "not ours": 0, "unresolved": 0}
+    for key in sorted({*launch.overrides, *launch.unresolved}):
+        part = REFERENCE_KEYS.get(key)
+        if part is None:
+            part = _to(key, "") if _select(config, key) is not _ABSENT else _dropped("")
+        if not part.ours:
+            counts["not ours"] += 1
+            theirs = launch.overrides.get(key, launch.unresolved.get(key))
+            out.append(f"not ours: {key}={theirs}" + (f" — {part.reason}" if part.reason else
+                                                       " — no counterpart in our config"))
+            continue
+        joint = " x " if part.combine == "product" else " + "
+        label = key if part.ours == (key,) else f"{key} -> {joint.join(part.ours)}"
+        ours, shown = _ours(config, part)
+        if key in launch.unresolved:
+            counts["unresolved"] += 1
+            out.append(f"{label}: unresolved: ours={shown} theirs={launch.unresolved[key]} (the script works it "
+                       "out at run time or reads it from elsewhere)")
+            continue
+        theirs = launch.overrides[key]
+        if _same(ours, theirs):
+            counts["same"] += 1
+            out.append(f"{label}: same ({shown})")
+            continue
+        counts["differ"] += 1
+        line = lines.get(part.why or part.ours[0])
+        reason = line.reason if line else None
+        if not reason:
+            counts["unexplained"] += 1
+        out.append(f"{label}: differs: ours={shown} theirs={theirs} — {reason or 'UNEXPLAINED'}")
+    summary = (f"{counts['same']} same, {counts['differ']} differ ({counts['unexplained']} unexplained), "
+               f"{counts['not ours']} not ours")
+    if counts["unresolved"]:
+        summary += f", {counts['unresolved']} unresolved"
+    out.append(summary)
+    return "\n".join(out)
+
+
+_ABSENT = object()
+
+
+def _select(config, key: str):
+    from omegaconf import OmegaConf
+
+    return OmegaConf.select(config, key, default=_ABSENT, throw_on_missing=False)
+
+
+def _ours(config, part: Counterpart) -> tuple[Any, str]:
+    values = [_select(config, k) for k in part.ours]
+    if any(v is _ABSENT for v in values):
+        return _ABSENT, "<absent>"
+    if part.combine == "one":
+        return values[0], _fmt(values[0])
+    numbers = [_value(v) for v in values]
+    if not all(isinstance(n, (int, float)) and not isinstance(n, bool) for n in numbers):
+        return _ABSENT, " / ".join(_fmt(v) for v in values)
+    total = math.prod(numbers) if part.combine == "product" else sum(numbers)
+    sign = " x " if part.combine == "product" else " + "
+    return total, f"{_fmt(total)} (= {sign.join(_fmt(v) for v in values)})"
+
+
+def _value(value: Any) -> Any:
+    """A comparable form of a config value or a script's text: bools, None, numbers, tuples, else the string."""
+    from omegaconf import DictConfig, ListConfig, OmegaConf
+
+    if isinstance(value, (ListConfig, DictConfig)):
+        value = OmegaConf.to_container(value, resolve=True)
+    if isinstance(value, (list, tuple)):
+        return tuple(_value(v) for v in value)
+    if not isinstance(value, str):
+        return value
+    text = value.strip()
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+        text = text[1:-1]
+    lowered = text.lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    if lowered in ("null", "none", "~"):
+        return None
+    if text.startswith("[") and text.endswith("]"):
+        return tuple(_value(v) for v in text[1:-1].split(",") if v.strip())
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def _same(ours: Any, theirs: str) -> bool:
+    if ours is _ABSENT:
+        return False
+    a, b = _value(ours), _value(theirs)
+    numeric = (int, float)
+    if isinstance(a, numeric) and isinstance(b, numeric) and not isinstance(a, bool) and not isinstance(b, bool):
+        return math.isclose(a, b, rel_tol=1e-9)
+    return a == b
+
+
+def _fmt(value: Any) -> str:
+    from omegaconf import DictConfig, ListConfig, OmegaConf
+
+    if value is _ABSENT:
+        return "<absent>"
+    if isinstance(value, (ListConfig, DictConfig)):
+        value = OmegaConf.to_container(value, resolve=True)
+    if isinstance(value, bool):
+        return str(value).lower()
+    if value is None:
+        return "null"
+    if value == "":
+        return '""'
+    return str(value)
+
+
+def _split_comment(rest: str) -> tuple[str, str]:
+    """``value  # comment`` -> (value, comment); a ``#`` inside quotes is part of the value."""
+    quote = None
+    for i, char in enumerate(rest):
+        if quote:
+            quote = None if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char == "#" and (i == 0 or rest[i - 1].isspace()):
+            return rest[:i].strip(), rest[i + 1:].strip()
+    return rest.strip(), ""
+
+
+def _leaves(tree: Any, prefix: str = "") -> list[str]:
+    if isinstance(tree, dict) and tree:
+        return [k for key, value in tree.items() for k in _leaves(value, f"{prefix}{key}.")]
+    return [prefix[:-1]]
+
+
+def _recipe_path(name_or_path: str | Path) -> Path:
+    path = Path(name_or_path)
+    if path.suffix != ".yaml":
+        path = RECIPE_DIR / f"{name_or_path}.yaml"
+    if not path.is_file():
+        raise RecipeError(f"recipe {str(name_or_path)!r}: no file {path}; use one of {available()}.")
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m igpo.recipes", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -168,6 +772,12 @@ def main(argv: list[str] | None = None) -> int:
     table = sub.add_parser("table", help="the published table of a recipe, with ours from an evaluation's results.csv")
     table.add_argument("name")
     table.add_argument("--results", type=Path, help="results.csv written by scripts/evaluate.py")
+    show = sub.add_parser("show", help="every training value the recipe sets, as composed over igpo_trainer.yaml, "
+                                       "with its source tag")
+    show.add_argument("name")
+    diff = sub.add_parser("diff", help="compare a recipe with a published launch script's verl overrides, key by key")
+    diff.add_argument("name")
+    diff.add_argument("script", type=Path, help="the reference's bash launch script (e.g. Search-R1's train_grpo.sh)")
     args = parser.parse_args(argv)
     try:
         if args.command == "list":
@@ -177,6 +787,10 @@ def main(argv: list[str] | None = None) -> int:
             print(recipe.tool_backend, recipe.tool_topk)
         elif args.command == "data":
             print(load_recipe(args.name).train_data)
+        elif args.command == "show":
+            print(show_recipe(args.name))
+        elif args.command == "diff":
+            print(diff_recipe(args.name, args.script))
         else:
             recipe = load_recipe(args.name)
             print(comparison_table(recipe, _read_results(args.results) if args.results else None))

@@ -1,6 +1,7 @@
 """Recipes (configs/recipe/*.yaml, igpo/recipes.py): each composes, is tagged, and passes `train_igpo.sh --dry-run`
 on its stated hardware (8 GPUs, config-only model directories: no weights, no GPU); the evaluation harness sets our
-scores beside the published table; and (e2e) a CPU rehearsal of search_r1_local trains two steps through the
+scores beside the published table; `show` traces every value and `diff` explains every difference from the
+published launch scripts; and (e2e) a CPU rehearsal of search_r1_local trains two steps through the
 retriever backend pointed at our own /retrieve, then evaluates with the recipe's table."""
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import pytest
 from guarded_run import run_guarded
 from hydra import compose, initialize_config_dir
 
-from igpo.recipes import RecipeError, available, comparison_table, load_recipe
+from igpo.recipes import RecipeError, available, comparison_table, load_recipe, main, recipe_lines
 
 REPO = Path(__file__).resolve().parent.parent
 RECIPES = ("search_r1_local", "igpo_web", "drvenus_long")
@@ -39,9 +40,10 @@ MODELS = {
 }
 # the plan line each recipe must reach on one node of 8 GPUs
 EXPECTED_PLAN = {
-    "search_r1_local": "gpus=8 nodes=1 rollout=vllm tp=2 sp=1 context_tokens=4096 ",
-    # without flash-attn here: sdpa, where one 80 GB GPU holds ~27.6K tokens of Qwen2.5-7B (launch_plan, sdpa cap)
-    "igpo_web": "gpus=8 nodes=1 rollout=vllm tp=2 sp=1 context_tokens=27648 ",
+    "search_r1_local": "gpus=8 nodes=1 rollout=vllm tp=1 sp=1 context_tokens=4096 ",  # tp=1 as Search-R1's script
+    # tp=1 as IGPO's released script; without flash-attn here: sdpa, where one 80 GB GPU holds ~27.6K tokens of
+    # Qwen2.5-7B (launch_plan, sdpa cap)
+    "igpo_web": "gpus=8 nodes=1 rollout=vllm tp=1 sp=1 context_tokens=27648 ",
     "drvenus_long": "gpus=8 nodes=1 rollout=vllm tp=4 sp=8 context_tokens=261000 ",
 }
 
@@ -152,6 +154,107 @@ def test_evaluate_refuses_a_judge_recipe_without_the_judge(tmp_path, capsys):
     rc = module.main(["--data", str(REPO / "data" / "qa_test_7src.parquet"), "--out", str(tmp_path), "--model-path",
                       str(tmp_path), "--tool-server", "http://127.0.0.1:9", "--recipe", "drvenus_long"])
     assert rc == 2 and "add --judge" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------ show and diff (issue 29)
+
+MIRRORS = Path(os.environ.get("IGPO_MIRRORS", "/work/.mirror"))
+# each recipe and the published launch script it reproduces: (mirror folder, path in the repository)
+PUBLISHED_SCRIPTS = {
+    "search_r1_local": ("PeterGriffinJin+Search-R1", "train_grpo.sh"),
+    "igpo_web": ("GuoqingWang1+IGPO", "policy_optimization.sh"),
+    "drvenus_long": ("inclusionAI+DR-Venus", "RL/train_igpo.sh"),
+}
+
+
+@pytest.mark.parametrize("name", RECIPES)
+def test_show_prints_every_value_with_its_source(name, capsys):
+    assert main(["show", name]) == 0
+    out = capsys.readouterr().out.splitlines()
+    keys = recipe_lines(name)
+    for key, line in keys.items():
+        printed = [row for row in out if row.strip().startswith(f"{key} = ")]
+        assert len(printed) == 1 and printed[0].endswith(f"# {line.comment}"), (key, printed)
+    assert "UNTRACED" not in "\n".join(out[:-1])
+    assert out[-1] == f"{len(keys)} values, {len(keys)} traced, 0 UNTRACED"
+    if name == "search_r1_local":  # the composed value, not the file's text
+        assert any(row.strip().startswith("algorithm.igpo.agent.tool_names = ['search']") for row in out)
+
+
+def test_recipe_lines_tell_a_reason_from_a_bare_tag(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("igpo_recipe:\n  name: r  # description, not read\nalgorithm:\n  gamma: 0.5  # [ours] why\n"
+                      "  igpo:\n    norm_mode: joint  # [paper]\ndata:\n  train_batch_size: 8\n")
+    lines = recipe_lines(recipe)
+    assert set(lines) == {"algorithm.gamma", "algorithm.igpo.norm_mode", "data.train_batch_size"}
+    assert lines["algorithm.gamma"].reason == "[ours] why"
+    assert lines["algorithm.igpo.norm_mode"].tag == "paper" and lines["algorithm.igpo.norm_mode"].reason is None
+    assert lines["data.train_batch_size"].tag is None
+
+
+def test_diff_reads_a_launch_script_and_flags_what_is_unexplained(tmp_path, capsys):
+    script = tmp_path / "train.sh"
+    script.write_text("""export LR=1e-6
+N=5
+# export N=99
+TOPK=3
+TP=$(( 2 * 1 ))
+STEPS=""
+PYTHONUNBUFFERED=1 python3 -m verl.trainer.main_ppo \\
+    actor_rollout_ref.actor.optim.lr=$LR \\
+    actor_rollout_ref.rollout.n_agent=${N} \\
+    actor_rollout_ref.rollout.tensor_model_parallel_size=$TP \\
+    data.train_batch_size=512 \\
+    retriever.topk="$TOPK" \\
+    algorithm.adv_estimator=grpo \\
+    trainer.save_freq=7 \\
+    actor_rollout_ref.rollout.gpu_memory_utilization=0.5 \\
+    trainer.logger=['wandb'] \\
+    +some_fork.knob=1 \\
+    data.val_files=$UNSET_DIR/test.parquet \\
+    trainer.n_gpus_per_node=$GPUS \\
+    ${STEPS:+trainer.total_training_steps=${STEPS}} \\
+    2>&1 | tee run.log
+""")
+    assert main(["diff", "search_r1_local", str(script)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "actor_rollout_ref.actor.optim.lr: same (1e-06)" in out  # an exported variable
+    assert "actor_rollout_ref.rollout.n_agent -> actor_rollout_ref.rollout.n: same (5)" in out  # not the commented 99
+    assert "actor_rollout_ref.rollout.tensor_model_parallel_size: differs: ours=1 theirs=2 — [code] 8 vLLM " \
+           "replicas (the v0.2 script runs the 7B model so too)" in out
+    assert "retriever.topk -> igpo_recipe.tool_server.topk: same (3)" in out
+    explained = "algorithm.adv_estimator: differs: ours=igpo theirs=grpo — [ours] the method"
+    assert any(row.startswith(explained) for row in out)
+    # a bare tag is no reason; a value the recipe does not set has no line to explain it
+    assert "trainer.save_freq: differs: ours=100 theirs=7 — UNEXPLAINED" in out
+    assert "actor_rollout_ref.rollout.gpu_memory_utilization: differs: ours=0.6 theirs=0.5 — UNEXPLAINED" in out
+    assert "not ours: trainer.logger=[wandb] — logging and experiment tracking, not the method" in out
+    assert "not ours: some_fork.knob=1 — no counterpart in our config" in out
+    assert any(row.startswith("not ours: data.val_files=$UNSET_DIR/test.parquet — a path") for row in out)
+    assert any(row.startswith("trainer.n_gpus_per_node: unresolved: ours=8 theirs=$GPUS") for row in out)
+    assert not any("total_training_steps" in row for row in out)
+    assert out[-1] == "4 same, 4 differ (2 unexplained), 3 not ours, 1 unresolved"
+
+
+def test_diff_names_a_missing_script(tmp_path, capsys):
+    assert main(["diff", "igpo_web", str(tmp_path / "nope.sh")]) == 2
+    assert "write the reference's script to a file first" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", RECIPES)
+def test_every_difference_from_the_published_script_is_explained(name, tmp_path, capsys):
+    mirror, path = PUBLISHED_SCRIPTS[name]
+    repo = MIRRORS / mirror / "repo"
+    if not repo.exists():
+        pytest.skip(f"no mirror of {mirror} at {repo}")
+    shown = subprocess.run(["git", "-C", str(repo), "show", f"HEAD:{path}"], capture_output=True, text=True)
+    if shown.returncode != 0:
+        pytest.skip(f"{mirror} has no {path}: {shown.stderr.strip()}")
+    script = tmp_path / Path(path).name
+    script.write_text(shown.stdout)
+    assert main(["diff", name, str(script)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "(0 unexplained)" in out[-1], "\n".join(row for row in out if "UNEXPLAINED" in row)
 
 
 # ------------------------------------------------------------------------------------------------ CPU rehearsal
