@@ -82,6 +82,23 @@ def test_passages_come_whole_by_default_and_a_configured_cut_is_counted(upstream
         assert httpx.get(server.url + "/stats").json()["passages_cut"] == sum(len(t) > 200 for t in texts)
 
 
+
+def test_the_cache_key_names_the_passage_length():
+    """A persistent cache written with cut passages (or with the old key, when every passage was cut at 600
+    characters) must not answer a server that shows whole passages."""
+    from tool_server.backends.retriever import RetrieverBackend
+    from tool_server.stats import Stats
+
+    def namespace(chars: int) -> str:
+        config = ServerConfig(backend="retriever", retriever_url="http://127.0.0.1:8000",
+                              retriever_passage_chars=chars)
+        return RetrieverBackend(config, Stats(["retriever"]), passages=None).namespace("search")
+
+    whole, cut = namespace(0), namespace(600)
+    assert whole.endswith(":search:whole") and cut.endswith(":search:cut600")
+    assert whole != "retriever:search_r1:http://127.0.0.1:8000/retrieve:search"  # the key before passages came whole
+
+
 @pytest.mark.parametrize("suffix", ["", "/retrieve", "/batch_search"])
 def test_same_hits_as_the_upstream_and_visit_serves_the_returned_passage(upstream, suffix):
     queries = ["Horatio Hale ethnologist philologist", "Evan Morris lobbyist"]

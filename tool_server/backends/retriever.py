@@ -96,8 +96,10 @@ class RetrieverBackend:
         self._cap = config.retriever_passage_chars  # 0: whole passages
 
     def namespace(self, tool: str) -> str:
-        cap = f":cut{self._cap}" if self._cap else ""  # cached hits hold the (possibly cut) passages
-        return f"retriever:{self.dialect}:{self.endpoint}:{tool}{cap}"
+        # Cached hits hold the passages as shown: the key names their length, so a cache written when every passage
+        # was cut at 600 characters (the old key, without this part) is never served as whole passages.
+        length = f"cut{self._cap}" if self._cap else "whole"
+        return f"retriever:{self.dialect}:{self.endpoint}:{tool}:{length}"
 
     def _passage_key(self, doc_id: str) -> str:
         return cache_key(f"retriever:passage:{self.endpoint}", {"id": doc_id})
