@@ -37,7 +37,7 @@ upstream_errors() {  # the tool server's "tool_server: upstream error: ..." line
     exit 2
 }
 recipe_tools() {  # the recipe's tool server (backend, top-k), unless TOOL_BACKEND / TOOL_TOPK are set
-    read -r RECIPE_BACKEND RECIPE_TOPK < <("$PY" -m igpo.recipes tools "$IGPO_RECIPE") || exit 2
+    read -r RECIPE_BACKEND RECIPE_TOPK < <("$PY" -m igpo.launch.recipes tools "$IGPO_RECIPE") || exit 2
     TOOL_BACKEND="${TOOL_BACKEND:-$RECIPE_BACKEND}" TOOL_TOPK="${TOOL_TOPK:-$RECIPE_TOPK}"
 }
 
@@ -92,7 +92,7 @@ if [ "$GPUS" -gt 0 ]; then
     : "${MODEL_PATH:?MODEL_PATH is not set: the policy checkpoint (a local Hugging Face directory) to train}"
     if [ -n "${IGPO_RECIPE:-}" ] && [ -z "${TRAIN_FILE:-}" ]; then
         # A recipe reproduces a paper: its own training data, never the 256-row sample by default.
-        RECIPE_DATA=$("$PY" -m igpo.recipes data "$IGPO_RECIPE") || exit 2
+        RECIPE_DATA=$("$PY" -m igpo.launch.recipes data "$IGPO_RECIPE") || exit 2
         config_error "IGPO_RECIPE=$IGPO_RECIPE trains on its own data: $RECIPE_DATA. Set TRAIN_FILE=<that parquet>" \
             "(check it with: python scripts/prepare_data.py --check <file>), or TRAIN_FILE=data/train_nq_256.parquet" \
             "to run on the 256-row NQ sample on purpose."

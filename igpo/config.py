@@ -11,8 +11,8 @@ so a typo such as ``algorithm.igpo.norm_mod=joint`` fails at start-up instead of
 | curriculum | ``igpo.core.advantage.CurriculumConfig`` | use_curriculum, curriculum_{f1,ig}_{init,final}, curriculum_scope |
 | warm-up gate | ``IGPOConfig`` | ig_warmup_threshold, ig_warmup_ema_alpha, ig_warmup_timing |
 | infrastructure failures | ``IGPOConfig`` (``igpo.core.infra``) | infra_failure |
-| scoring | ``IGPOConfig`` + ``igpo.agent_config.RolloutScoringConfig`` | score_on, verify_scoring, answer_template_prefix, answer_template_suffix |
-| agent loop | ``igpo.agent_config.AgentLoopConfig`` | the ``agent`` sub-section |
+| scoring | ``IGPOConfig`` + ``igpo.agent.agent_config.RolloutScoringConfig`` | score_on, verify_scoring, answer_template_prefix, answer_template_suffix |
+| agent loop | ``igpo.agent.agent_config.AgentLoopConfig`` | the ``agent`` sub-section |
 
 Keys of the reference system (DR-Venus sets them directly under ``algorithm``, e.g. ``algorithm.info_gain_norm_mode``)
 are refused with the name of our key (``refuse_reference_keys``): the ``grpo_info_gain`` alias accepts the reference's
@@ -29,7 +29,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping
 
-from igpo.agent_config import AgentLoopConfig, RolloutScoringConfig, _plain
+from igpo.agent.agent_config import AgentLoopConfig, RolloutScoringConfig, _plain
 from igpo.core.advantage import WARMUP_TIMINGS, AdvantageConfig, CurriculumConfig
 from igpo.core.info_gain import InfoGainConfig
 from igpo.core.infra import INFRA_FAILURE_POLICIES

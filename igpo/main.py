@@ -1,6 +1,6 @@
 """``python -m igpo.main [--dry-run] [hydra overrides]``: verl's PPO entry point with IGPO's config, planned and checked.
 
-Before Ray starts: ``igpo.launch_plan.plan_launch`` checks the inputs and derives the GPU layout (attention,
+Before Ray starts: ``igpo.launch.launch_plan.plan_launch`` checks the inputs and derives the GPU layout (attention,
 sequence parallelism, context window), then verl's own ``validate_config`` runs. Either one's refusal is printed as
 ``igpo: configuration error: ...`` and exits 2; so does an override of the reference launch scripts
 (``igpo.config.REFERENCE_LAUNCH_KEYS``), checked before Hydra reads the command line. ``--dry-run`` stops there and
@@ -23,7 +23,7 @@ import hydra
 
 from igpo.config import refuse_reference_overrides
 from igpo.cpu import vllm_cpu
-from igpo.launch_plan import ConfigError, Environment, plan_launch
+from igpo.launch.launch_plan import ConfigError, Environment, plan_launch
 
 CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "configs")
 DRY_RUN_FLAG = "--dry-run"
@@ -35,7 +35,7 @@ _probe = False
 def probe_upstreams(config) -> list[str]:
     """Problem lines of the upstreams this process itself depends on: the LLM judge when a reward uses it (the tool
     server probes its own upstreams, ``tool_server.probe``). [] when all answer."""
-    from igpo.judge import JudgeConfig, probe_judge
+    from igpo.reward.judge import JudgeConfig, probe_judge
     from igpo.reward import OutcomeRewardConfig
 
     from omegaconf import OmegaConf

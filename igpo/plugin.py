@@ -15,10 +15,10 @@ import sys
 logger = logging.getLogger("igpo")
 
 # Each module registers its pieces on import.
-REGISTERING_MODULES = ("igpo.estimator", "igpo.agent_loop", "igpo.arpo_loop", "igpo.trainer")
+REGISTERING_MODULES = ("igpo.integration.estimator", "igpo.agent.agent_loop", "igpo.agent.arpo_loop", "igpo.integration.trainer")
 # verl's vLLM rollout adapter, with a weight sync that raises the engine's error instead of hanging
-# (igpo/weight_sync.py). A class path: verl imports it only in the worker that builds a vLLM rollout.
-VLLM_ADAPTER = "igpo.weight_sync.GuardedServerAdapter"
+# (igpo/integration/weight_sync.py). A class path: verl imports it only in the worker that builds a vLLM rollout.
+VLLM_ADAPTER = "igpo.integration.weight_sync.GuardedServerAdapter"
 
 
 def _register_vllm_adapter() -> None:
@@ -46,7 +46,7 @@ def load() -> list[str]:
     for name in REGISTERING_MODULES:
         importing = _half_imported()
         if importing:
-            # verl was imported from inside ``importing`` (e.g. ``import igpo.agent_loop`` as a process's first
+            # verl was imported from inside ``importing`` (e.g. ``import igpo.agent.agent_loop`` as a process's first
             # import): what depends on its names cannot import yet; that module calls ``load_deferred`` at its end.
             DEFERRED.append(name)
             continue

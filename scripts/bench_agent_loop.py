@@ -46,7 +46,7 @@ from transformers import AutoTokenizer  # noqa: E402
 from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap  # noqa: E402
 from verl.workers.rollout.replica import TokenOutput  # noqa: E402
 
-from igpo.agent_loop import IGPOAgentLoop  # noqa: E402
+from igpo.agent.agent_loop import IGPOAgentLoop  # noqa: E402
 from igpo.demo.tiny_model import build_tiny_model  # noqa: E402
 
 TURNS = 200

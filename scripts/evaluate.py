@@ -8,7 +8,7 @@ Writes into --out: results.md / results.csv (per data_source: n, EM, F1, judge, 
 errors), traces.jsonl (one line per row and run), accuracy_by_source.png, turns_hist.png and settings.json (model,
 tools, judge, agent and sampling settings with runs and seed, data file + sha256, git commit, tool spend). Rerunning
 with the same --out resumes: (row, run) pairs already in traces.jsonl are not redone; a different --runs is refused.
-The logic lives in igpo/evaluation.py.
+The logic lives in igpo/eval/evaluation.py.
 
 With --runs k (k > 1, needs --temperature > 0) each question is answered k times, run r of question q with its own
 sampling seeds (from --seed, q and r), and every score (EM, F1, judge) also gets per data_source, ALL and AVG:
@@ -52,8 +52,8 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from igpo.tool_spend import parse_prices, totals  # noqa: E402
-from igpo.evaluation import (  # noqa: E402
+from igpo.integration.tool_spend import parse_prices, totals  # noqa: E402
+from igpo.eval.evaluation import (  # noqa: E402
     EvalConfig, EvalInputError, LocalToolServer, OpenAICompletionsServer, TopKTools, TraceStore, check_resume,
     config_record, evaluate, file_sha256, git_commit, hf_server, load_rows, summarize, write_plots, write_settings,
     write_tables,
@@ -102,7 +102,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-tokens-per-turn", type=int, default=d.max_tokens_per_turn)
     p.add_argument("--max-observation-tokens", type=int, default=d.max_observation_tokens)
     p.add_argument("--system-prompt", default=None,
-                   help="the agent's system prompt, as the policy was trained with (default: igpo.protocol's); "
+                   help="the agent's system prompt, as the policy was trained with (default: igpo.agent.protocol's); "
                         "the CPU demo's is algorithm.igpo.agent.system_prompt in configs/cpu_demo.yaml")
     p.add_argument("--tool-names", default=None, help="comma-separated tools the agent may call (default: search,visit)")
     p.add_argument("--prompt-length", type=int, default=d.prompt_length)
@@ -163,7 +163,7 @@ def load_recipe_for(args: argparse.Namespace):
     """The --recipe's setting, or None; a judge-scored recipe needs --judge (its table would otherwise be empty)."""
     if args.recipe is None:
         return None
-    from igpo.recipes import RecipeError, load_recipe
+    from igpo.launch.recipes import RecipeError, load_recipe
 
     try:
         recipe = load_recipe(args.recipe)
@@ -220,7 +220,7 @@ async def run(args, config, rows, tokenizer, tool_url, store, judge_overrides) -
     if args.model_path:
         server = hf_server(args.model_path, config)
     else:
-        from igpo.agent_loop import ChatFrame
+        from igpo.agent.agent_loop import ChatFrame
 
         frame = ChatFrame.build(tokenizer, dict(config.chat_template_kwargs))
         server = OpenAICompletionsServer(args.endpoint, args.model, api_key=os.environ.get(args.api_key_env),
@@ -324,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
     write_plots(records, table, args.out)
     comparison = None
     if recipe is not None:
-        from igpo.recipes import comparison_table
+        from igpo.launch.recipes import comparison_table
 
         # reads the per-source rows; its AVG is over the paper's sets. With --runs k it gets questions and avg@k.
         k = config.runs

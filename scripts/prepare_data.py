@@ -42,7 +42,7 @@ import pyarrow.parquet as pq
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from a checkout
 
 from igpo.core.ground_truth import ANSWER_SPLIT, parse_ground_truth  # noqa: E402
-from igpo.data_schema import row_problems  # noqa: E402
+from igpo.eval.data_schema import row_problems  # noqa: E402
 
 ABILITY = "search & question answering"
 QUESTION_FIELDS = ("question", "query")

@@ -462,7 +462,7 @@ def test_stock_estimator_takes_the_one_pass_kernel(token_passes, monkeypatch):
         pytest.skip("checks the kernel dispatch")
     from omegaconf import OmegaConf
 
-    import igpo.estimator
+    import igpo.integration.estimator
 
     calls = []
     for name in ("_token_reward_kernel", "_reward_masks_kernel", "_find_kernel", "_spread_kernel"):
@@ -470,7 +470,7 @@ def test_stock_estimator_takes_the_one_pass_kernel(token_passes, monkeypatch):
         monkeypatch.setattr(igpo.core.token_passes, name,
                             lambda *args, _k=kernel, _n=name: calls.append(_n) or _k(*args))
     rewards, _, _, m, group, _ = random_batch(2, 2, 64, 4, seed=30, ig_zero_frac=0.0)
-    igpo.estimator.igpo_advantage(rewards, m.long(), index=group.tolist(), config=OmegaConf.create({"igpo": {}}))
+    igpo.integration.estimator.igpo_advantage(rewards, m.long(), index=group.tolist(), config=OmegaConf.create({"igpo": {}}))
     assert calls == ["_token_reward_kernel", "_spread_kernel"]
 
 

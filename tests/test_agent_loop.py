@@ -14,9 +14,9 @@ from transformers import AutoTokenizer
 from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap, _agent_loop_registry
 from verl.workers.rollout.replica import TokenOutput
 
-from igpo import protocol
-from igpo.agent_config import AgentLoopConfig
-from igpo.agent_loop import (
+from igpo.agent import protocol
+from igpo.agent.agent_config import AgentLoopConfig
+from igpo.agent.agent_loop import (
     EXTRA_FIELD_KEYS,
     AgentTemplateError,
     IGPOAgentLoop,
@@ -134,7 +134,7 @@ def segments(mask):
 
 
 def test_registered():
-    assert _agent_loop_registry["igpo_agent"]["_target_"] == "igpo.agent_loop.IGPOAgentLoop"
+    assert _agent_loop_registry["igpo_agent"]["_target_"] == "igpo.agent.agent_loop.IGPOAgentLoop"
 
 
 async def test_masks_boundaries_turn_ends_are_exact(tiny_tokenizer):
@@ -287,7 +287,7 @@ async def test_infra_errors_are_separate_from_model_errors(tiny_tokenizer):
     ex = out.extra_fields
     assert ex["igpo_tool_status"] == ["infra_error"] * 3 + ["bad_request", "no_results", "ok", "answer"]
     assert ex["igpo_infra_errors"] == 3
-    # The process's count of sent calls by status (read per Ray node by the trainer, igpo.node_reach)
+    # The process's count of sent calls by status (read per Ray node by the trainer, igpo.integration.node_reach)
     assert TOOL_CALLS - before == Counter({"infra_error": 3, "bad_request": 1, "no_results": 1, "ok": 1})
 
     hanging = FakeTools(delay_s=5.0)
@@ -609,7 +609,7 @@ async def test_aborted_scoring_request_is_an_ordinary_scoring_error(tiny_tokeniz
 def test_rollout_metrics_report_scoring_errors_and_context_overflows():
     import torch
 
-    from igpo.trainer import IGPOTrainerSync
+    from igpo.integration.trainer import IGPOTrainerSync
 
     extras = [
         {"igpo_infra_errors": 1, "igpo_scoring_errors": 2, "igpo_context_overflow": True, "igpo_truncated": True},
@@ -643,7 +643,7 @@ async def test_an_empty_first_turn_ends_on_its_untrained_end_token_and_trains(ti
 
     from igpo.config import IGPOConfig
     from igpo.core.advantage import WarmupGate
-    from igpo.trainer import IGPOTrainerSync
+    from igpo.integration.trainer import IGPOTrainerSync
 
     out, _, _, _ = await rollout(tiny_tokenizer, scripted([], ANSWER), agent={"max_generation_retries": 0})
     ex = out.extra_fields

@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap, _agent_loop_registry
 from verl.workers.rollout.replica import TokenOutput
 
-from igpo.arpo_loop import ARPO_FIELD_KEYS, ARPOAgentLoop, ARPOSetupError
+from igpo.agent.arpo_loop import ARPO_FIELD_KEYS, ARPOAgentLoop, ARPOSetupError
 from igpo.config import arpo_config_from
 from igpo.core import arpo as core
 
@@ -114,7 +114,7 @@ def meta(outs):
 
 
 def test_registered():
-    assert _agent_loop_registry["arpo_agent"]["_target_"] == "igpo.arpo_loop.ARPOAgentLoop"
+    assert _agent_loop_registry["arpo_agent"]["_target_"] == "igpo.agent.arpo_loop.ARPOAgentLoop"
 
 
 def test_exactly_m_outputs_with_tree_metadata_and_prefix_identity(tiny_tokenizer):

@@ -7,7 +7,7 @@ import torch
 from omegaconf import OmegaConf
 
 from igpo.core.arpo import ARPOConfig
-from igpo.trainer import IGPOTrainerSync, arpo_tree_check
+from igpo.integration.trainer import IGPOTrainerSync, arpo_tree_check
 
 
 def _trainer(attribution: str, enabled: bool = True) -> IGPOTrainerSync:
@@ -57,7 +57,7 @@ def _launch_config(**overrides):
 
 def test_launch_checks_switch_the_loop_and_refuse_what_cannot_branch():
     from igpo.config import IGPOConfig
-    from igpo.launch_plan import ConfigError, check_arpo
+    from igpo.launch.launch_plan import ConfigError, check_arpo
 
     def check(config):
         return check_arpo(config, IGPOConfig.from_algorithm(config.algorithm))

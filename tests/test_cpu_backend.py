@@ -111,7 +111,7 @@ def test_plugin_registers_everything_in_a_fresh_process():
     assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-3000:]
 
 
-@pytest.mark.parametrize("first", ["igpo.actor_worker", "igpo.agent_loop", "igpo.estimator"])
+@pytest.mark.parametrize("first", ["igpo.integration.actor_worker", "igpo.agent.agent_loop", "igpo.integration.estimator"])
 def test_importing_one_of_our_modules_first_loads_every_registration(first):
     """A Ray worker that unpickles a class of ours imports its module before anything else (the actor worker; the
     agent loop; a probe task): that import reaches verl, whose plugin hook then imports modules that need names of
@@ -131,7 +131,7 @@ def test_importing_one_of_our_modules_first_loads_every_registration(first):
 
 
 def test_the_tool_server_reach_probe_does_not_import_verl():
-    """The probe's Ray task unpickles igpo.node_reach alone; importing verl there started a plugin import cycle."""
-    code = "import sys, igpo.node_reach\nassert 'verl' not in sys.modules\nprint('ok')\n"
+    """The probe's Ray task unpickles igpo.integration.node_reach alone; importing verl there started a plugin import cycle."""
+    code = "import sys, igpo.integration.node_reach\nassert 'verl' not in sys.modules\nprint('ok')\n"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-3000:]

@@ -12,7 +12,7 @@ from verl import DataProto
 from verl.trainer.ppo import core_algos
 from verl.trainer.ppo.ray_trainer import compute_advantage
 
-import igpo.estimator as estimator
+import igpo.integration.estimator as estimator
 from igpo.core.advantage import AdvantageConfig, compute_igpo_advantage, masks_from_token_rewards
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -1,4 +1,4 @@
-"""scripts/evaluate.py and igpo/evaluation.py: real tool server, real HTTP fakes of the policy endpoint and the judge on
+"""scripts/evaluate.py and igpo/eval/evaluation.py: real tool server, real HTTP fakes of the policy endpoint and the judge on
 127.0.0.1, the tiny model for the local Hugging Face path."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from igpo import evaluation
-from igpo.evaluation import (
+from igpo.eval import evaluation
+from igpo.eval.evaluation import (
     EndpointError, LocalToolServer, OpenAICompletionsServer, TraceStore, file_sha256, load_rows, parse_completion,
 )
 from fake_openai import FakeOpenAI, Reply

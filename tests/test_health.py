@@ -49,8 +49,8 @@ def test_monitor_state_round_trips_and_the_config_names_bad_values():
 
 
 def test_prompt_uids_and_trajectory_order_are_deterministic():
-    from igpo.trainer import prompt_uid, trajectory_order  # first: it loads verl's plugins, then the agent loop
-    from igpo.agent_loop import request_seed
+    from igpo.integration.trainer import prompt_uid, trajectory_order  # first: it loads verl's plugins, then the agent loop
+    from igpo.agent.agent_loop import request_seed
 
     uids = [prompt_uid(3, n) for n in (10, 2)]
     assert all("_" not in u for u in uids) and uids[1] < uids[0]

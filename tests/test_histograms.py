@@ -1,4 +1,4 @@
-"""TensorBoard histograms of the turn-level signal (igpo/histograms.py, ``trainer.histograms``): the trainer records
+"""TensorBoard histograms of the turn-level signal (igpo/integration/histograms.py, ``trainer.histograms``): the trainer records
 per-turn IG, the advantages and the turns per trajectory while it computes a step's advantage and writes them through
 verl's TensorBoard logger; the event file is read back with TensorBoard's own reader."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ from omegaconf import OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from verl.utils.tracking import Tracking
 
-from igpo import histograms as hist
+from igpo.integration import histograms as hist
 from test_trainer import _records, _run, _trainer
 
 

@@ -204,7 +204,7 @@ def _trainer(**infopo):
     from omegaconf import OmegaConf
 
     from igpo.config import infopo_config_from_algorithm
-    from igpo.trainer import IGPOTrainerSync
+    from igpo.integration.trainer import IGPOTrainerSync
 
     algorithm = OmegaConf.create({"adv_estimator": "infopo", "gamma": 1.0, "norm_adv_by_std_in_grpo": True,
                                   "infopo": infopo})

@@ -41,7 +41,7 @@ def _rank_main(rank: int, port: int, out_dir: str) -> None:
     import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
 
-    from igpo.actor_worker import score_counterfactual_share
+    from igpo.integration.actor_worker import score_counterfactual_share
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
@@ -83,7 +83,7 @@ def ranks(tmp_path_factory) -> list[dict]:
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_uneven_shares_finish_and_match_unsharded_scoring(ranks, name):
-    from igpo.actor_worker import score_counterfactual_share
+    from igpo.integration.actor_worker import score_counterfactual_share
 
     for rank, results in enumerate(ranks):
         assert "traceback" not in results[name], f"rank {rank}:\n{results[name]['traceback']}"

@@ -17,9 +17,9 @@ import torch
 from fake_upstreams import FakeUpstream, InProcessServer, Reply
 from fault_retriever import ShareFailing, static_reply
 from test_trainer import TURN_TOKENS, _run, _trainer
-from igpo.agent_loop import _STATUS_OF_ERROR_KIND
-from igpo.infra_breaker import InfraBreaker, InfraBreakerConfig, describe_failures
-from igpo.tool_spend import step_metrics
+from igpo.agent.agent_loop import _STATUS_OF_ERROR_KIND
+from igpo.integration.infra_breaker import InfraBreaker, InfraBreakerConfig, describe_failures
+from igpo.integration.tool_spend import step_metrics
 from tool_server import ToolClient
 from tool_server.app import build_service
 from tool_server.config import ServerConfig, UpstreamLimits

@@ -7,7 +7,7 @@ import socket
 import pytest
 from fake_openai import FakeOpenAI, Reply
 
-from igpo.judge import JudgeConfig, JudgeUnavailableError, LLMJudge, parse_verdict
+from igpo.reward.judge import JudgeConfig, JudgeUnavailableError, LLMJudge, parse_verdict
 
 KEY = "sk-test-secret-123"
 
@@ -104,7 +104,7 @@ def test_exponential_backoff_between_retries(server):
 def test_retries_exhausted_is_a_counted_failure_not_a_zero(server, caplog):
     server.default = Reply(status=503, raw="down")
     judge = make_judge(server.base_url, max_retries=2)
-    with caplog.at_level(logging.WARNING, logger="igpo.judge"):
+    with caplog.at_level(logging.WARNING, logger="igpo.reward.judge"):
         (verdict,) = run_judge(judge, [("q", "answer", ["gold"])])
     assert verdict.correct is None and verdict.source == "failed"
     assert "HTTP 503" in verdict.error and "3 attempts" in verdict.error

@@ -1,5 +1,5 @@
 """The LLM judge's start-up probe (issue 25): ``python -m igpo.main`` calls the judge once when a reward uses it
-(``igpo.judge.probe_judge``, from ``igpo.main.probe_upstreams``), against ``tests/fake_openai.py`` over real HTTP.
+(``igpo.reward.judge.probe_judge``, from ``igpo.main.probe_upstreams``), against ``tests/fake_openai.py`` over real HTTP.
 A judge that is down or refuses the key stops the launch before Ray with
 ``igpo: upstream error: judge at <url>: <what came back>; <fix>`` and exit 2, the key masked; a live one lets the
 launch go on; a reward without the judge sends it nothing."""
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from fake_openai import FakeOpenAI, Reply
 
-from igpo.judge import JUDGE_FIX, JudgeConfig, probe_judge
+from igpo.reward.judge import JUDGE_FIX, JudgeConfig, probe_judge
 
 REPO = Path(__file__).resolve().parents[1]
 KEY = "sk-probe-SECRET-1234"

@@ -1,4 +1,4 @@
-"""Launch planning (igpo/launch_plan.py) and `bash train_igpo.sh --dry-run`: the GPU presets pass verl's validation
+"""Launch planning (igpo/launch/launch_plan.py) and `bash train_igpo.sh --dry-run`: the GPU presets pass verl's validation
 and ours without any GPU here, layouts verl or the job cannot use are refused up front with the keys and the fix."""
 
 import json
@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from igpo.agent_config import RolloutScoringConfig
-from igpo.launch_plan import ConfigError, Environment, plan_launch
+from igpo.agent.agent_config import RolloutScoringConfig
+from igpo.launch.launch_plan import ConfigError, Environment, plan_launch
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = {"data.train_files": str(REPO / "data" / "train_nq_256.parquet"),

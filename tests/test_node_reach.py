@@ -1,4 +1,4 @@
-"""The per-node tool-server check (igpo.node_reach, issue 25) on a real two-node Ray cluster on this machine
+"""The per-node tool-server check (igpo.integration.node_reach, issue 25) on a real two-node Ray cluster on this machine
 (``ray.cluster_utils.Cluster``: two raylets, one GCS) against the real tool server over HTTP: a task pinned to each
 node calls ``/health``; a live server passes from both nodes, a dead port or a URL that is not a tool server stops
 the launch with one line per node naming the node and the URL."""
@@ -12,7 +12,7 @@ import ray
 from ray.cluster_utils import Cluster
 
 from fake_upstreams import FakeUpstream, InProcessServer
-from igpo.node_reach import REACH_FIX, NodeReach, ToolServerUnreachable, describe_tool_calls, problem_lines, \
+from igpo.integration.node_reach import REACH_FIX, NodeReach, ToolServerUnreachable, describe_tool_calls, problem_lines, \
     require_reach_from_every_node, tool_calls_by_node
 from tool_server.config import ServerConfig
 
@@ -86,7 +86,7 @@ class _LoopWorker:
     """Stands in for verl's agent-loop worker: a Ray actor whose process counts its tool calls in TOOL_CALLS."""
 
     def sent(self, statuses: list[str]) -> None:
-        from igpo.agent_loop import TOOL_CALLS
+        from igpo.agent.agent_loop import TOOL_CALLS
 
         TOOL_CALLS.update(statuses)
 

@@ -3,7 +3,7 @@
 import json
 import re
 
-from igpo import protocol
+from igpo.agent import protocol
 
 
 def test_default_system_prompt_lists_both_tool_schemas_as_json():

@@ -1,4 +1,4 @@
-"""Recipes (configs/recipe/*.yaml, igpo/recipes.py): each composes, is tagged, and passes `train_igpo.sh --dry-run`
+"""Recipes (configs/recipe/*.yaml, igpo/launch/recipes.py): each composes, is tagged, and passes `train_igpo.sh --dry-run`
 on its stated hardware (8 GPUs, config-only model directories: no weights, no GPU); the evaluation harness sets our
 scores beside the published table; `show` traces every value and `diff` explains every difference from the
 published launch scripts; and (e2e) a CPU rehearsal of search_r1_local trains two steps through the
@@ -18,7 +18,7 @@ import pytest
 from guarded_run import run_guarded
 from hydra import compose, initialize_config_dir
 
-from igpo.recipes import RecipeError, available, comparison_table, load_recipe, main, recipe_lines
+from igpo.launch.recipes import RecipeError, available, comparison_table, load_recipe, main, recipe_lines
 
 REPO = Path(__file__).resolve().parent.parent
 RECIPES = ("search_r1_local", "igpo_web", "drvenus_long")

@@ -51,7 +51,7 @@ def ours():
 def _trainer(config, step=1, total=10, **igpo):
     """The igpo_sync trainer's advantage path only (no Ray): the composed algorithm section, answer log-probs taken
     from the records (score_on=rollout) so no actor is needed."""
-    from igpo.trainer import IGPOTrainerSync
+    from igpo.integration.trainer import IGPOTrainerSync
 
     algorithm = OmegaConf.merge(config.algorithm, {"igpo": {"score_on": "rollout", **igpo}})
     trainer = object.__new__(IGPOTrainerSync)
@@ -296,7 +296,7 @@ def test_one_override_selects_the_preset_over_a_recipe():
 
 def test_base_yaml_restates_each_dataclass_default():
     """One default per knob: configs/igpo_base.yaml's algorithm.igpo values equal the dataclasses' defaults."""
-    from igpo.agent_config import AgentLoopConfig
+    from igpo.agent.agent_config import AgentLoopConfig
     from igpo.core.advantage import CurriculumConfig
     from igpo.core.info_gain import InfoGainConfig
 
@@ -330,7 +330,7 @@ def test_reference_keys_are_refused_with_their_replacement(key, replacement):
 def test_ig_on_a_masked_token_is_an_error_in_the_stock_estimator():
     from verl.trainer.ppo.core_algos import get_adv_estimator_fn
 
-    import igpo.estimator  # noqa: F401 - registers the names
+    import igpo.integration.estimator  # noqa: F401 - registers the names
 
     rewards = torch.zeros(2, 6)
     rewards[:, 5] = 1.0

@@ -21,12 +21,12 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 import igpo.reward as reward
-from igpo.agent_config import AgentLoopConfig
+from igpo.agent.agent_config import AgentLoopConfig
 from igpo.config import refuse_reference_overrides
 from igpo.core.ground_truth import ANSWER_SPLIT
 from igpo.core.outcome import normalize_answer
 from igpo.core.turn_format import check_answer_turn, check_tool_turn, reference_tag_fix, reference_turn_ok
-from igpo.protocol import parse_turn_reference
+from igpo.agent.protocol import parse_turn_reference
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fake_openai import FakeOpenAI, Reply  # noqa: E402
@@ -209,7 +209,7 @@ def _advantage_trainer(preset, config: dict):
     without __init__, which needs Ray and the workers: only the attributes ``_igpo_advantage`` reads are set."""
     from igpo.config import IGPOConfig
     from igpo.core.advantage import WarmupGate
-    from igpo.trainer import IGPOTrainerSync
+    from igpo.integration.trainer import IGPOTrainerSync
 
     algorithm = OmegaConf.merge(preset.algorithm, {
         "gamma": config["gamma"], "norm_adv_by_std_in_grpo": config["norm_adv_by_std"],

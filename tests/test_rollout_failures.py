@@ -1,4 +1,4 @@
-"""A rollout that cannot deliver stops the run (igpo/rollout_failures.py): sessions that raise are recorded by the
+"""A rollout that cannot deliver stops the run (igpo/integration/rollout_failures.py): sessions that raise are recorded by the
 agent loop, and verl's own replay buffer classes, guarded, stop on an engine death at once and on a step's worth of
 failed sessions — where unguarded they evict and refill forever (the CI hang this module fixes)."""
 
@@ -9,7 +9,7 @@ import transfer_queue
 from omegaconf import OmegaConf
 from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer, ReplayBufferAsync
 
-from igpo import rollout_failures as rf
+from igpo.integration import rollout_failures as rf
 from test_agent_loop import ANSWER, engine_with_limit, ray_wrapped, rollout, scripted
 
 

@@ -1,4 +1,4 @@
-"""Tool spend per training step (igpo.tool_spend) and the local backend's search budget behind it."""
+"""Tool spend per training step (igpo.integration.tool_spend) and the local backend's search budget behind it."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from fake_upstreams import InProcessServer
-from igpo.tool_spend import ToolSpendConfig, fetch_stats, parse_prices, spent_budgets, step_metrics, totals
+from igpo.integration.tool_spend import ToolSpendConfig, fetch_stats, parse_prices, spent_budgets, step_metrics, totals
 from tool_server.config import ServerConfig
 
 CORPUS = Path(__file__).resolve().parents[1] / "data" / "wiki_passages_1000.jsonl"

@@ -6,10 +6,10 @@ import pytest
 
 import torch
 
-from igpo.actor_worker import shard_requests
+from igpo.integration.actor_worker import shard_requests
 from igpo.core.health import HealthMonitor
-from igpo.infra_breaker import InfraBreaker, InfraBreakerConfig
-from igpo.trainer import _turn_tensors
+from igpo.integration.infra_breaker import InfraBreaker, InfraBreakerConfig
+from igpo.integration.trainer import _turn_tensors
 
 
 def test_turn_tensors_reads_records_and_drops_turns_cut_by_the_response_length():
@@ -57,7 +57,7 @@ def _trainer(step: int = 1, total: int = 10, **igpo):
 
     from igpo.config import IGPOConfig
     from igpo.core.advantage import WarmupGate
-    from igpo.trainer import IGPOTrainerSync
+    from igpo.integration.trainer import IGPOTrainerSync
 
     algorithm = OmegaConf.create({"adv_estimator": "igpo", "gamma": 0.95, "norm_adv_by_std_in_grpo": True,
                                   "igpo": {"score_on": "rollout", "ig_tool_filter": "", **igpo}})
@@ -171,7 +171,7 @@ def test_information_gain_is_reported_by_whether_the_observation_held_the_answer
 
 
 def test_unknown_estimator_is_a_configuration_error():
-    from igpo.launch_plan import ConfigError, check_estimator
+    from igpo.launch.launch_plan import ConfigError, check_estimator
 
     check_estimator("grpo")
     check_estimator("igpo")
@@ -195,7 +195,7 @@ def test_igpo_state_is_complete_before_verl_points_resume_at_the_step(tmp_path, 
     from omegaconf import OmegaConf
     from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
-    from igpo.trainer import STATE_FILE
+    from igpo.integration.trainer import STATE_FILE
 
     trainer = _trainer()
     trainer.config = OmegaConf.create({"trainer": {"default_local_dir": str(tmp_path)}})
@@ -271,7 +271,7 @@ def test_infra_breaker_stops_the_run_with_a_checkpoint_naming_the_upstream(monke
         trainer.global_steps, metrics = step, {"igpo/tool_calls": 4.0, "igpo/infra_errors": 4.0}
         trainer._check_infra(metrics)
         assert "training/stopped_on_infra_errors" not in metrics
-    from igpo.infra_breaker import describe_failures
+    from igpo.integration.infra_breaker import describe_failures
     assert describe_failures({}, "http://h:1").startswith("the tool server at http://h:1 (no upstream failed")
 
 

@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
-# Statuses of a turn whose tool call parsed (igpo.agent_loop records them per turn), and of one the tool answered.
+# Statuses of a turn whose tool call parsed (igpo.agent.agent_loop records them per turn), and of one the tool answered.
 CALL_STATUSES = frozenset({"ok", "no_results", "bad_request", "duplicate", "infra_error"})
 REACHED_STATUSES = frozenset({"ok", "no_results"})
 

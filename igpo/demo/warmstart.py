@@ -175,7 +175,7 @@ def _make_loop(tokenizer: Any, server: Any, tools: Any, config: WarmStartConfig,
     from omegaconf import OmegaConf
     from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
 
-    from igpo.agent_loop import IGPOAgentLoop
+    from igpo.agent.agent_loop import IGPOAgentLoop
 
     igpo: dict[str, Any] = {"agent": {**config.agent_section(), "max_turns": max_turns}}
     if scoring:
@@ -234,7 +234,7 @@ def _encode_prompts(tokenizer: Any, user_messages: list[str]) -> list[list[int]]
     control token, so it is encoded once (the system prompt is ~90% of every prompt). The replay check in
     ``build_examples`` confirms the ids equal the loop's.
     """
-    from igpo import protocol
+    from igpo.agent import protocol
 
     texts = [tokenizer.apply_chat_template(
         [{"role": "system", "content": protocol.DEFAULT_SYSTEM_PROMPT}, {"role": "user", "content": message}],
@@ -260,7 +260,7 @@ def build_examples(tokenizer: Any, tools: LocalTools, questions: list[DemoQuesti
     A question is skipped when its tool call does not fit ``max_tokens_per_turn`` or when the answer is not visible
     in the (possibly truncated) observation: training it would teach the model to answer from nowhere.
     """
-    from igpo.agent_loop import ChatFrame
+    from igpo.agent.agent_loop import ChatFrame
 
     frame = ChatFrame.build(tokenizer, {})
     eot = [frame.eot_id]
@@ -676,7 +676,7 @@ def measure_world(model_dir: str | Path, corpus: str | Path, world: Any, *, spli
 
     from igpo.core.outcome import f1_score
     from igpo.cpu.hf_rollout import HFRolloutServer
-    from igpo.protocol import parse_turn
+    from igpo.agent.protocol import parse_turn
 
     config = config or WarmStartConfig()
     questions = world.questions(split)

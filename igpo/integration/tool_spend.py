@@ -24,7 +24,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from igpo.infra_breaker import InfraBreakerConfig
+from igpo.integration.infra_breaker import InfraBreakerConfig
 
 logger = logging.getLogger(__name__)
 

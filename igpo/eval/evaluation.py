@@ -20,7 +20,7 @@ and each score s in {EM, F1, judge} also gets, over the questions Q of a source 
 For 0/1 scores (EM, judge) pass@k is the usual one: the share of questions answered correctly in at least one of the
 k runs ("correct" = EM 1, or the judge's yes); for F1 it is the mean best F1. max >= mean per question, so
 pass@k >= avg@k in every row; with every run scored, avg@k is the mean over the k runs of the per-run mean score.
-Sampling is seeded per request, ``request_seed(seed, 0, question, run, turn, attempt)`` (``igpo.agent_loop``): the
+Sampling is seeded per request, ``request_seed(seed, 0, question, run, turn, attempt)`` (``igpo.agent.agent_loop``): the
 HF server samples each request from its own torch generator, a vLLM endpoint gets the request's ``seed``.
 
 What runs where:
@@ -60,9 +60,9 @@ from typing import Any
 import httpx
 import numpy as np
 
-from igpo import data_schema
+from igpo.eval import data_schema
 from igpo.core.ground_truth import parse_ground_truth
-from igpo.protocol import DEFAULT_SYSTEM_PROMPT
+from igpo.agent.protocol import DEFAULT_SYSTEM_PROMPT
 from igpo.core.turn_format import extract_answer
 
 logger = logging.getLogger(__name__)
@@ -113,7 +113,7 @@ class EvalConfig:
     """Trajectories in flight at once (the HF server batches the concurrent generations)."""
     tool_timeout_s: float = 60.0
     judge: bool = False
-    """Also score every answer with the LLM judge (endpoint and model from the environment, see ``igpo.judge``)."""
+    """Also score every answer with the LLM judge (endpoint and model from the environment, see ``igpo.reward.judge``)."""
     progress_every: int = 10
     """Print a progress line (rate, ETA) every this many finished rows."""
     chat_template_kwargs: Mapping[str, Any] = field(default_factory=dict)
@@ -123,7 +123,7 @@ class EvalConfig:
     seed: int = 0
     """Base of the per-request sampling seeds: run r of question q draws the same tokens on a rerun."""
     system_prompt: str | None = None
-    """The agent's system prompt (None: ``igpo.protocol.DEFAULT_SYSTEM_PROMPT``); a policy is evaluated with the
+    """The agent's system prompt (None: ``igpo.agent.protocol.DEFAULT_SYSTEM_PROMPT``); a policy is evaluated with the
     prompt it was trained with (the CPU demo's is in ``configs/cpu_demo.yaml``)."""
     tool_names: tuple[str, ...] | None = None
     """Tools the agent may call (None: the agent loop's default, search and visit)."""
@@ -492,7 +492,7 @@ class LocalToolServer:
         log = open(self.log_path, "ab")
         command = [sys.executable, "-m", "tool_server", "--backend", "local", "--corpus", str(self.corpus),
                    "--host", "127.0.0.1", "--port", "0", "--default-topk", str(self.top_k), "--log-level", "WARNING"]
-        root = Path(__file__).resolve().parent.parent  # tool_server is a sibling package of igpo
+        root = Path(__file__).resolve().parents[2]  # tool_server is a sibling package of igpo
         self._process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, cwd=root)
         log.close()
         line: list[bytes] = []
@@ -698,7 +698,7 @@ def make_agent_loop_factory(tokenizer: Any, server: Any, tools: Any, config: Eva
     from omegaconf import OmegaConf
     from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
 
-    from igpo.agent_loop import IGPOAgentLoop
+    from igpo.agent.agent_loop import IGPOAgentLoop
 
     trainer_config = DictConfigWrap(OmegaConf.create({
         "actor_rollout_ref": {"rollout": {"prompt_length": config.prompt_length,
@@ -977,7 +977,7 @@ def write_plots(records: list[Mapping[str, Any]], table: list[dict[str, Any]], o
 
 def git_commit(repo: Path | None = None) -> str | None:
     """HEAD of the checkout holding this package (``+dirty`` with uncommitted changes); None outside git."""
-    repo = repo or Path(__file__).resolve().parent.parent
+    repo = repo or Path(__file__).resolve().parents[2]
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, timeout=10)
         if head.returncode != 0:

@@ -14,7 +14,7 @@ A node whose worker does not start within the deadline is reported the same way.
 (about a second), once per launch.
 
 During the run, ``tool_calls_by_node`` asks each agent-loop worker for the tool calls its process sent, by status
-(``igpo.agent_loop.TOOL_CALLS``), and sums them per node: the trainer logs
+(``igpo.agent.agent_loop.TOOL_CALLS``), and sums them per node: the trainer logs
 ``igpo: tool calls by Ray node so far: <ip> <node id>: <n> (infra_error <k>); ...`` after each step of a run whose
 workers span several nodes, so a node whose calls fail shows by name.
 """
@@ -133,8 +133,8 @@ def require_reach_from_every_node(url: str, timeout_s: float = 10.0) -> list[Nod
 def _worker_tool_calls(worker) -> tuple[str, dict[str, int]]:
     """Run inside an agent-loop worker (``__ray_call__``): its node and its process's tool calls by status."""
     # Imported here, where the agent loop already is: at module level it would import verl, whose plugin hook
-    # imports igpo.trainer, which imports this half-initialised module (seen in the reach probe's process).
-    from igpo.agent_loop import TOOL_CALLS
+    # imports igpo.integration.trainer, which imports this half-initialised module (seen in the reach probe's process).
+    from igpo.agent.agent_loop import TOOL_CALLS
 
     return ray.get_runtime_context().get_node_id(), dict(TOOL_CALLS)
 

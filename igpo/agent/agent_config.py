@@ -43,7 +43,7 @@ class AgentLoopConfig:
     rollout.response_length. Either way it is capped at rollout.max_model_len when that is set (the engine refuses
     longer prompts). The response additionally never exceeds rollout.response_length."""
     system_prompt: str | None = None
-    """None = ``igpo.protocol.DEFAULT_SYSTEM_PROMPT``. Used only when the sample has no system message."""
+    """None = ``igpo.agent.protocol.DEFAULT_SYSTEM_PROMPT``. Used only when the sample has no system message."""
     max_generation_retries: int = 2
     """Per turn: how often an empty / repetitive generation or a duplicate tool call is resampled (discarded, not
     trained on) before the last attempt is accepted as it is."""
@@ -64,10 +64,10 @@ class AgentLoopConfig:
     malformed. Off by default (small models prompted without a thinking template may not think); the reference
     (DR-Venus ``format_checker.py``) penalises such turns: True."""
     turn_rules: str = "ours"
-    """How a generated turn is read. ``ours``: ``igpo.protocol.parse_turn`` and ``igpo.core.turn_format`` on the
+    """How a generated turn is read. ``ours``: ``igpo.agent.protocol.parse_turn`` and ``igpo.core.turn_format`` on the
     text as generated. ``reference`` (DR-Venus' agent loop): the text is first tag-fixed
     (``igpo.core.turn_format.reference_tag_fix``: cut at ``<tool_response>``, missing think tags added), then parsed by
-    ``igpo.protocol.parse_turn_reference`` (a turn without ``<think>`` is an error turn and calls no tool; any tool
+    ``igpo.agent.protocol.parse_turn_reference`` (a turn without ``<think>`` is an error turn and calls no tool; any tool
     name; non-object arguments call the tool with ``{}``) and checked by ``reference_turn_ok``; the fixed text is what
     the reward reads. Implies ``require_think`` for the format check."""
 

@@ -49,8 +49,10 @@ from uuid import uuid4
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput, register
 
-from igpo import protocol, rollout_failures
-from igpo.agent_config import AgentLoopConfig, RolloutScoringConfig
+from igpo.agent import protocol
+
+from igpo.integration import rollout_failures
+from igpo.agent.agent_config import AgentLoopConfig, RolloutScoringConfig
 from igpo.core.ground_truth import Probe, answer_probes, parse_ground_truth
 from igpo.core.outcome import contains_answer
 from igpo.core.info_gain import InfoGainConfig, scored_boundaries
@@ -237,7 +239,7 @@ class _LoopState:
 _SETTINGS: dict[int, tuple[Any, _Settings]] = {}
 _FRAMES: dict[tuple[int, str], tuple[Any, ChatFrame]] = {}
 # The tool calls this process's agent loops sent, by status (ok, no_results, bad_request, infra_error): the trainer
-# reads them from each agent-loop worker to report tool calls per Ray node (igpo.node_reach.tool_calls_by_node).
+# reads them from each agent-loop worker to report tool calls per Ray node (igpo.integration.node_reach.tool_calls_by_node).
 TOOL_CALLS: Counter = Counter()
 
 _LOOP_STATES: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState]" = weakref.WeakKeyDictionary()
@@ -346,7 +348,7 @@ class IGPOAgentLoop(AgentLoopBase):
     verl instantiates it per trajectory with ``trainer_config, server_manager, tokenizer, processor, dataset_cls,
     data_config, hf_model_type, tools``. ``tool_caller`` (an object with ``async call(name, arguments)``) replaces
     the shared ``ToolClient`` built from ``algorithm.igpo.agent.tool_server_url`` — the hook for tests and custom
-    tool back-ends. All knobs come from ``algorithm.igpo`` (see ``igpo.agent_config``).
+    tool back-ends. All knobs come from ``algorithm.igpo`` (see ``igpo.agent.agent_config``).
     """
 
     def __init__(self, *args: Any, tool_caller: ToolCaller | None = None, **kwargs: Any):
@@ -386,7 +388,7 @@ class IGPOAgentLoop(AgentLoopBase):
     # ------------------------------------------------------------------ entry point
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
-        """One session; one that raises is recorded for the trainer (igpo.rollout_failures) before verl's worker
+        """One session; one that raises is recorded for the trainer (igpo.integration.rollout_failures) before verl's worker
         logs it and marks the prompt failed."""
         try:
             return await self._run(sampling_params, **kwargs)

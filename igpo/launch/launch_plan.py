@@ -275,7 +275,7 @@ def check_algorithm(config: Any):
     if "llm" in reward_types:
         from omegaconf import OmegaConf
 
-        from igpo.judge import JudgeConfig
+        from igpo.reward.judge import JudgeConfig
 
         judge = reward_kwargs.get("judge") or {}
         try:
@@ -324,7 +324,7 @@ def check_arpo(config: Any, igpo: Any):
     ``ARPOConfig``."""
     from omegaconf import open_dict
 
-    from igpo.arpo_loop import ARPOSetupError, check_loop_settings
+    from igpo.agent.arpo_loop import ARPOSetupError, check_loop_settings
     from igpo.config import arpo_config_from
 
     try:
@@ -381,7 +381,7 @@ def check_estimator(name: str) -> None:
     """``algorithm.adv_estimator`` must be ours or registered with verl; an unknown name would otherwise run IGPO."""
     from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY
 
-    import igpo.estimator  # noqa: F401  (registers igpo / grpo_info_gain even where verl's plugins were not loaded)
+    import igpo.integration.estimator  # noqa: F401  (registers igpo / grpo_info_gain even where verl's plugins were not loaded)
 
     if name not in ADV_ESTIMATOR_REGISTRY:
         raise ConfigError(f"algorithm.adv_estimator={name!r} is not a registered advantage estimator; use igpo (or its "

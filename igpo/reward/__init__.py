@@ -38,7 +38,7 @@ from igpo.core.ground_truth import parse_ground_truth
 from igpo.core.outcome import F1_NORMALIZATIONS, AnswerScores, score_answer
 from igpo.core.turn_format import check_answer_turn, extract_answer, extract_first_answer, final_turn_text, \
     tags_balanced
-from igpo.judge import JudgeConfig, LLMJudge
+from igpo.reward.judge import JudgeConfig, LLMJudge
 
 REWARD_TYPES = ("f1", "em", "llm")
 ANSWER_PICKS = ("last", "first")

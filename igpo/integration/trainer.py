@@ -42,20 +42,20 @@ from verl.workers.utils.padding import response_to_nested
 
 from igpo.config import IGPOConfig, arpo_config_from, infopo_config_from_algorithm
 from igpo.core import arpo as arpo_core
-from igpo.estimator import ESTIMATOR_NAMES, INFOPO_NAMES
-from igpo.agent_config import _plain
-from igpo.tool_spend import ToolSpendConfig, fetch_stats, spent_budgets, step_metrics
-from igpo.launch_plan import check_estimator, check_infopo, check_rollout_correction
+from igpo.integration.estimator import ESTIMATOR_NAMES, INFOPO_NAMES
+from igpo.agent.agent_config import _plain
+from igpo.integration.tool_spend import ToolSpendConfig, fetch_stats, spent_budgets, step_metrics
+from igpo.launch.launch_plan import check_estimator, check_infopo, check_rollout_correction
 from igpo.core.infopo import ContinuationRequest, InfoPOInputs, infopo_advantage, observation_content_span
 from igpo.core.ground_truth import answer_probes
 from igpo.core.scoring import validate_request
 from igpo.core.advantage import WarmupGate, advantage_at_boundaries, curriculum_weights, last_response_token
 from igpo.core.health import HealthConfig, HealthMonitor, turn_health
 from igpo.core.infra import InfraMask, infra_mask
-from igpo import histograms as hist
-from igpo import rollout_failures
-from igpo.infra_breaker import InfraBreaker, describe_failures
-from igpo.node_reach import describe_tool_calls, require_reach_from_every_node, tool_calls_by_node
+from igpo.integration import histograms as hist
+from igpo.integration import rollout_failures
+from igpo.integration.infra_breaker import InfraBreaker, describe_failures
+from igpo.integration.node_reach import describe_tool_calls, require_reach_from_every_node, tool_calls_by_node
 from igpo.core.info_gain import ig_by_answer_seen, penalty_into_ig_pool, reduce_alias_logprobs, scored_boundaries, \
     turn_boundaries, turn_format_penalty, turn_information_gain
 
@@ -202,11 +202,11 @@ class IGPOTrainerSync(PPOTrainerSync):
         self.histograms = hist.StepHistograms(hist.histograms_enabled(config.trainer))
         if self.igpo.agent.tool_server_url is not None:
             # Before the workers load a model: a node whose agent-loop workers cannot reach the tool server would
-            # have all its tool calls masked as infra failures (igpo.node_reach).
+            # have all its tool calls masked as infra failures (igpo.integration.node_reach).
             require_reach_from_every_node(self.igpo.agent.tool_server_url)
 
     def _build_replay_buffer(self):
-        """verl's replay buffer, stopping the run when the rollout cannot deliver (igpo.rollout_failures): at once
+        """verl's replay buffer, stopping the run when the rollout cannot deliver (igpo.integration.rollout_failures): at once
         when the rollout engine died, or past one step's worth of failed sessions."""
         per_step = int(self.config.data.train_batch_size) * int(self.config.actor_rollout_ref.rollout.n)
         return rollout_failures.guard(super()._build_replay_buffer(), limit=per_step)
@@ -262,7 +262,7 @@ class IGPOTrainerSync(PPOTrainerSync):
         """verl's worker layout, with the actor role served by our subclass (it adds the answer-scoring method)."""
         # Imported here, not at module level: importing the worker module imports verl, whose plugin loading imports
         # this module; a module-level import would make that a cycle in any process that imports the worker first.
-        from igpo.actor_worker import IGPOActorRolloutRefWorker
+        from igpo.integration.actor_worker import IGPOActorRolloutRefWorker
 
         super()._init_resource_pool_mgr()
         for role, worker_cls in list(self.role_worker_mapping.items()):
@@ -273,7 +273,7 @@ class IGPOTrainerSync(PPOTrainerSync):
 
     def _score_on_actor(self, batch, extras, scored, num_turns, metrics) -> torch.Tensor:
         """Answer log-probs per boundary [B, T, A] computed by the actor workers with the packed scorer."""
-        from igpo.agent_loop import _frame_for
+        from igpo.agent.agent_loop import _frame_for
 
         started = time.perf_counter()
         data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
@@ -554,7 +554,7 @@ class IGPOTrainerSync(PPOTrainerSync):
         a_{t+1} after the counterfactual context (content -> placeholder, template kept); the factual term comes from
         ``old_log_probs`` (same θ, context and temperature) or from a factual copy in the same pass.
         """
-        from igpo.agent_loop import _encode_content, _frame_for
+        from igpo.agent.agent_loop import _encode_content, _frame_for
 
         started = time.perf_counter()
         cfg = self.infopo
@@ -695,12 +695,12 @@ class IGPOTrainerSync(PPOTrainerSync):
             logger.warning("igpo: tool calls by Ray node so far: %s", describe_tool_calls(by_node))
 
     def _write_histograms(self) -> None:
-        """This step's ``igpo/hist/*`` (``igpo.histograms``) into verl's TensorBoard event file, at its step."""
+        """This step's ``igpo/hist/*`` (``igpo.integration.histograms``) into verl's TensorBoard event file, at its step."""
         if self.histograms.enabled:
             self.histograms.write(self.logger.logger["tensorboard"].writer, int(self.global_steps))
 
     def _check_infra(self, metrics: dict) -> None:
-        """The infra-error breaker (``igpo.infra_breaker``): ``tools.infra_breaker.steps`` consecutive steps in which
+        """The infra-error breaker (``igpo.integration.infra_breaker``): ``tools.infra_breaker.steps`` consecutive steps in which
         more than ``max_share`` of the tool calls failed for infrastructure reasons save a checkpoint and stop the
         run after this step, naming the upstream and its failure classes."""
         calls, failures = metrics.get("igpo/tool_calls", 0.0), metrics.get("igpo/infra_errors", 0.0)
@@ -760,7 +760,7 @@ class IGPOTrainerSync(PPOTrainerSync):
                            json.dumps(sorted(nodes)), len(nodes))
 
     def _tool_calls_by_node(self) -> dict | None:
-        """``igpo.node_reach.tool_calls_by_node`` of this run's agent-loop workers; None (and a warning) when they
+        """``igpo.integration.node_reach.tool_calls_by_node`` of this run's agent-loop workers; None (and a warning) when they
         cannot be asked: a report, never a reason to stop training."""
         if not self._loop_workers:
             return None
@@ -772,7 +772,7 @@ class IGPOTrainerSync(PPOTrainerSync):
             return None
 
     def _record_tool_spend(self, metrics: dict) -> None:
-        """Log this step's ``tools/*`` metrics (``igpo.tool_spend``); when a tool budget is spent, save a checkpoint
+        """Log this step's ``tools/*`` metrics (``igpo.integration.tool_spend``); when a tool budget is spent, save a checkpoint
         and end the run after this step (``tools.stop_on_budget``) instead of training on refused tool calls."""
         url = self.igpo.agent.tool_server_url
         stats = fetch_stats(url) if url is not None else None

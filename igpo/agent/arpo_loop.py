@@ -50,7 +50,7 @@ from uuid import uuid4
 import torch
 from verl.experimental.agent_loop.agent_loop import AgentLoopOutput, register
 
-from igpo.agent_loop import IGPOAgentLoop, _batch_key, _is_context_overflow, _NoLimit, _shared_tool_client
+from igpo.agent.agent_loop import IGPOAgentLoop, _batch_key, _is_context_overflow, _NoLimit, _shared_tool_client
 from igpo.config import arpo_config_from
 from igpo.core import arpo as core
 

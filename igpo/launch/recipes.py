@@ -3,7 +3,7 @@
 A recipe file is a ``# @package _global_`` override of ``configs/igpo_trainer.yaml`` (``recipe=<name>``) plus one
 section our trainer ignores, ``igpo_recipe``: what the paper ran it with (model, hardware, tools, corpus and its
 coverage caveat, evaluation set and metric) and the paper's table. This module reads that section for the launcher
-(``python -m igpo.recipes tools <name>`` -> the tool server's backend and top-k; ``data <name>`` -> the training
+(``python -m igpo.launch.recipes tools <name>`` -> the tool server's backend and top-k; ``data <name>`` -> the training
 data it needs, which the launcher names when ``TRAIN_FILE`` is not set) and for the evaluation harness,
 which prints our numbers in the paper's table shape beside the published rows (``comparison_table``).
 
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-RECIPE_DIR = Path(__file__).resolve().parent.parent / "configs" / "recipe"
+RECIPE_DIR = Path(__file__).resolve().parents[2] / "configs" / "recipe"
 METRICS = ("em", "f1", "judge")
 TOOL_BACKENDS = ("local", "web", "retriever")
 
@@ -129,7 +129,7 @@ def load_recipe(name_or_path: str | Path) -> Recipe:
 def comparison_table(recipe: Recipe, ours: Sequence[Mapping[str, Any]] | None, label: str = "ours") -> str:
     """Markdown: the paper's columns (its order) + AVG, the published rows, then ours (``None`` = not run yet).
 
-    ``ours`` is ``igpo.evaluation.summarize``'s table (one row per data_source with em/f1/judge means in 0..1). Our
+    ``ours`` is ``igpo.eval.evaluation.summarize``'s table (one row per data_source with em/f1/judge means in 0..1). Our
     AVG is the macro mean over the paper's columns we have, and says so when some are missing, so a partial run is
     never mistaken for a full one.
     """
@@ -760,7 +760,7 @@ def _recipe_path(name_or_path: str | Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m igpo.recipes", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m igpo.launch.recipes", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("list", help="the recipe names")

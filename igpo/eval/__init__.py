@@ -1,0 +1,1 @@
+"""Evaluation of a checkpoint (avg@K / pass@K) and the dataset schema."""
