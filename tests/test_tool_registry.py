@@ -22,7 +22,8 @@ from igpo.agent import protocol  # noqa: E402
 from igpo.agent.agent_config import AgentLoopConfig  # noqa: E402
 from tool_server import ToolClient  # noqa: E402
 from tool_server.backends.base import PageResult, SearchHit  # noqa: E402
-from tool_server.client import TOOLS, BadToolCall, tool_request  # noqa: E402
+from tool_server import tools  # noqa: E402
+from tool_server.client import BadToolCall, tool_request  # noqa: E402
 from tool_server.config import ServerConfig  # noqa: E402
 from tool_server.errors import ToolError  # noqa: E402
 
@@ -136,13 +137,12 @@ def _request(name: str, arguments) -> dict:
 
 
 def _renders() -> dict:
-    from tool_server.service import render_error, render_page, render_search
-
     errors = [ToolError(kind, f"message of {kind}") for kind in ("infra", "budget", "bad_request", "no_results")]
+    search, visit = tools.get("search"), tools.get("visit")
     return {
-        "search": [render_search("q one", HITS), render_search("q none", [])],
-        "page": [render_page(page, "the goal") for page in PAGES],
-        "error": [render_error(tool, "subject", error) for tool in ("search", "visit") for error in errors],
+        "search": [search.render("q one", HITS), search.render("q none", [])],
+        "page": [visit.render(page, "the goal") for page in PAGES],
+        "error": [tool.render_error("subject", error) for tool in (search, visit) for error in errors],
     }
 
 
@@ -217,7 +217,7 @@ def snapshot() -> dict:
 
 def _unknown_tool_message() -> str:
     # the list of available tools is the registry's: it grows with every registered tool
-    return _request(*UNKNOWN_TOOL)["rejected"].replace(", ".join(TOOLS), "{available}")
+    return _request(*UNKNOWN_TOOL)["rejected"].replace(", ".join(tools.names()), "{available}")
 
 
 @pytest.fixture(scope="module")
@@ -250,6 +250,72 @@ def test_the_prompt_bytes_are_unchanged(golden):
 
 def test_unknown_tool_rejection_is_unchanged(golden):
     assert _unknown_tool_message() == golden["unknown_tool"]
+
+
+# ---------------------------------------------------------------------------------------------------- the registry
+
+
+def test_every_reader_takes_its_tools_from_the_registry():
+    from tool_server.app import build_service, create_app
+
+    assert protocol.SEARCH_SCHEMA is tools.get("search").schema and protocol.VISIT_SCHEMA is tools.get("visit").schema
+    assert protocol.system_prompt_for(tools.DEFAULT_TOOLS) == protocol.DEFAULT_SYSTEM_PROMPT
+    assert AgentLoopConfig().tool_names == tools.DEFAULT_TOOLS
+    app = create_app(build_service(ServerConfig(backend="local", corpus=CORPUS)))
+    routes = {route.path for route in app.routes}
+    assert {f"/tools/{name}" for name in tools.names()} <= routes
+
+
+def test_a_second_tool_of_the_same_name_is_refused():
+    class Again(tools.Tool):
+        name = "search"
+        schema = {"type": "function", "function": {"name": "search"}}
+
+    with pytest.raises(ValueError, match="already registered"):
+        tools.register(Again())
+
+
+@pytest.mark.parametrize("name, schema_name, fragment", [
+    ("Calc", "Calc", "lower-case"), ("", "", "lower-case"), ("calc", "calculator", "schema's function name"),
+])
+def test_a_badly_named_tool_is_refused(name, schema_name, fragment):
+    class Bad(tools.Tool):
+        pass
+
+    Bad.name, Bad.schema = name, {"type": "function", "function": {"name": schema_name}}
+    with pytest.raises(ValueError, match=fragment):
+        tools.register(Bad())
+    assert name not in tools.names() or name == "search"
+
+
+def test_unknown_tool_names_are_a_config_error_naming_the_registered_ones():
+    with pytest.raises(ValueError, match=r"\['serch'\] not registered.*'search'.*tool_server/tools/"):
+        AgentLoopConfig(tool_names=("serch",))
+
+
+def test_a_tool_the_default_prompt_does_not_describe_needs_a_system_prompt():
+    extra = [name for name in tools.names() if name not in tools.DEFAULT_TOOLS]
+    if not extra:
+        pytest.skip("only the default tools are registered")
+    names = (*tools.DEFAULT_TOOLS, extra[0])
+    with pytest.raises(ValueError, match="system_prompt_for"):
+        AgentLoopConfig(tool_names=names)
+    prompt = protocol.system_prompt_for(names)
+    assert AgentLoopConfig(tool_names=names, system_prompt=prompt).tool_names == names
+    assert json.dumps(tools.get(extra[0]).schema, ensure_ascii=False) in prompt
+
+
+def test_the_service_runs_a_tool_by_name_from_a_plain_body():
+    from tool_server.app import build_service
+
+    service = build_service(ServerConfig(backend="local", corpus=CORPUS))
+    try:
+        response = asyncio.run(service.call("search", {"queries": ["Evan Morris lobbyist"], "topk": 1}))
+        assert response.ok and response.text.startswith("A search for 'Evan Morris lobbyist' found 1 results")
+        with pytest.raises(BadToolCall, match="unknown tool 'nope'"):
+            asyncio.run(service.call("nope", {}))
+    finally:
+        service.cache.close()
 
 
 if __name__ == "__main__":

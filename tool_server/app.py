@@ -1,5 +1,5 @@
-"""HTTP API (FastAPI). Our endpoints: ``/tools/search``, ``/tools/visit``, ``/health``, ``/stats``, ``/metrics``.
-Compatible endpoints for existing clients: Search-R1 ``POST /retrieve``; FlashRAG ``POST /search`` and
+"""HTTP API (FastAPI). Our endpoints: ``POST /tools/<name>`` for every registered tool (``tool_server.tools``),
+``/health``, ``/stats``, ``/metrics``. Compatible endpoints for existing clients: Search-R1 ``POST /retrieve``; FlashRAG ``POST /search`` and
 ``POST /batch_search``.
 
 Tool endpoints answer HTTP 200 with ``{"ok", "text", "results", "error"}`` for every tool-level outcome, and
@@ -9,13 +9,15 @@ retry 5xx), budget to 402 and bad requests to 400.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel
 
+from . import tools
 from .backends.base import Backend
 from .backends.local import LocalBackend
 from .cache import ResponseCache
@@ -29,18 +31,6 @@ from .stats import Stats
 log = logging.getLogger("tool_server")
 
 _COMPAT_STATUS = {"infra": 503, "budget": 402, "bad_request": 400}
-
-
-class SearchRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    queries: list[str]
-    topk: int | None = None
-
-
-class VisitRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    urls: list[str]
-    goal: str
 
 
 class RetrieveRequest(BaseModel):  # Search-R1 dialect; extra keys tolerated as its clients send them
@@ -96,38 +86,6 @@ def create_app(service: ToolService) -> FastAPI:
 
     app = FastAPI(title="IGPO tool server", lifespan=lifespan, docs_url=None, redoc_url=None)
 
-    def check_queries(queries: list[str], topk: int | None) -> int:
-        if not queries:
-            raise ToolError("bad_request", "give at least one query")
-        _check_unicode(queries, "a query")
-        if len(queries) > config.max_queries:
-            raise ToolError("bad_request", f"{len(queries)} queries in one call; the limit is {config.max_queries}")
-        for q in queries:
-            if not q.strip():
-                raise ToolError("bad_request", "a query is empty; every query must contain text")
-            if len(q) > config.max_query_chars:
-                raise ToolError("bad_request", f"a query has {len(q)} characters; the limit is "
-                                               f"{config.max_query_chars}")
-        topk = config.default_topk if topk is None else topk
-        if not 1 <= topk <= config.max_topk:
-            raise ToolError("bad_request", f"topk={topk} must be in 1..{config.max_topk}")
-        return topk
-
-    def check_visit(urls: list[str], goal: str) -> None:
-        if not urls:
-            raise ToolError("bad_request", "give at least one URL")
-        _check_unicode(urls, "a URL")
-        _check_unicode([goal], "the goal")
-        if len(urls) > config.max_urls:
-            raise ToolError("bad_request", f"{len(urls)} URLs in one call; the limit is {config.max_urls}")
-        if any(not u.strip() for u in urls):
-            raise ToolError("bad_request", "a URL is empty")
-        if not goal.strip():
-            raise ToolError("bad_request", "the goal is empty; say what information to look for")
-        if len(goal) > config.max_goal_chars:
-            raise ToolError("bad_request", f"the goal has {len(goal)} characters; the limit is "
-                                           f"{config.max_goal_chars}")
-
     @app.exception_handler(RequestValidationError)
     async def on_invalid(request: Request, exc: RequestValidationError):
         # summarise without echoing the input (it may be huge)
@@ -155,20 +113,12 @@ def create_app(service: ToolService) -> FastAPI:
                              for f in await probe_backend(service.backend)]
         return body
 
-    @app.post("/tools/search")
-    async def tools_search(req: SearchRequest):
-        topk = check_queries(req.queries, req.topk)
-        # JSONResponse directly: the body is plain JSON types already, FastAPI's recursive encoder is pure cost
-        return JSONResponse((await service.search(req.queries, topk)).to_dict())
-
-    @app.post("/tools/visit")
-    async def tools_visit(req: VisitRequest):
-        check_visit(req.urls, req.goal)
-        return JSONResponse((await service.visit(req.urls, req.goal)).to_dict())
+    for tool in tools.names():
+        app.post(f"/tools/{tool}")(_tool_route(service, tools.get(tool)))
 
     async def compat_search(queries: list[str], topk: int) -> list[list[tuple[dict, float | None]]]:
         """Per query, (document, score) pairs; raises ToolError for failures other than "no results"."""
-        topk = check_queries(queries, topk)
+        topk = tools.get("search").check(queries, topk, config)
         response = await service.search(queries, topk)
         if response.error is not None and response.error.kind != "no_results":
             raise response.error
@@ -220,15 +170,17 @@ def _document(backend: Backend, hit: dict) -> dict:
     return {"id": hit["url"], "contents": f"\"{hit['title']}\"\n{hit['snippet']}"}
 
 
-def _check_unicode(texts: list[str], what: str) -> None:
-    """JSON may carry a lone UTF-16 surrogate ("\\udcff"), which no UTF-8 encoder (cache keys, logs, upstream
-    requests) accepts: refuse it here as the caller's mistake instead of failing later with a 500."""
-    for text in texts:
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError as err:
-            raise ToolError("bad_request", f"{what} contains an unpaired UTF-16 surrogate at character {err.start} "
-                                           "(\\u{:04x}); send valid Unicode text".format(ord(text[err.start]))) from None
+def _tool_route(service: ToolService, tool: tools.Tool):
+    """``POST /tools/<name>``: the body validated by the tool's request model (FastAPI reads the parameter's
+    annotation, set here because the model differs per tool), then run by the service."""
+    async def route(req):
+        # JSONResponse directly: the body is plain JSON types already, FastAPI's recursive encoder is pure cost
+        return JSONResponse((await service.call(tool.name, req)).to_dict())
+
+    route.__signature__ = inspect.Signature(
+        [inspect.Parameter("req", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=tool.request_model)])
+    route.__name__ = f"tools_{tool.name}"
+    return route
 
 
 def _error_body(error: ToolError) -> dict:

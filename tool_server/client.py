@@ -15,10 +15,10 @@ from dataclasses import dataclass
 import certifi
 import httpx
 
-TOOLS = ("search", "visit")
-_SEARCH_KEYS = {"query", "topk"}
-_VISIT_KEYS = {"url", "goal"}
-# The most text one call may carry (queries, URLs and goal together); the server's own limits are smaller
+from . import tools
+from .tools import BadToolCall
+
+# The most text one call may carry (all its string arguments together); the server's own limits are smaller
 # (ServerConfig.max_query_chars, max_goal_chars, max_url_chars) and answer bad_request, but a call far beyond them
 # is refused here, as the model's mistake, without sending a megabyte to learn that.
 MAX_ARGUMENT_CHARS = 100_000
@@ -116,47 +116,20 @@ class ToolClient:
         return ToolResult(False, text, "infra", time.monotonic() - start)
 
 
-class BadToolCall(ValueError):
-    """The model's call cannot be sent: unknown tool or malformed arguments (a model error, not an infra one)."""
-
-
 def tool_request(name: str, arguments: dict) -> tuple[str, dict]:
-    """The HTTP path and JSON body of a tool call, validated; shared by ``ToolClient`` and in-process callers."""
-    if name not in TOOLS:
-        raise BadToolCall(f"unknown tool {name!r}; available tools: {', '.join(TOOLS)}")
+    """The HTTP path and JSON body of a tool call, validated by the registered tool ``name``; shared by
+    ``ToolClient`` and in-process callers. Raises ``BadToolCall`` (the model's mistake)."""
+    tool = tools.get(name)
     if not isinstance(arguments, dict):
         raise BadToolCall(f"arguments must be a JSON object, got {type(arguments).__name__}")
-    allowed = _SEARCH_KEYS if name == "search" else _VISIT_KEYS
-    unknown = sorted(str(k) for k in arguments if k not in allowed)
+    unknown = sorted(str(k) for k in arguments if k not in tool.arguments)
     if unknown:
-        raise BadToolCall(f"unknown argument(s) {unknown}; {name} takes {sorted(allowed)}")
-    _check_sendable(name, arguments)
-    if name == "search":
-        queries = _str_list(arguments.get("query"), "query")
-        payload: dict = {"queries": queries}
-        if "topk" in arguments:
-            topk = arguments["topk"]
-            if not isinstance(topk, int) or isinstance(topk, bool) or topk < 1:
-                raise BadToolCall(f"topk must be a positive integer, got {topk!r}")
-            payload["topk"] = topk
-        return "/tools/search", payload
-    urls = _str_list(arguments.get("url"), "url")
-    goal = arguments.get("goal")
-    if not isinstance(goal, str) or not goal.strip():
-        raise BadToolCall("visit needs 'goal': a non-empty string saying what to look for")
-    return "/tools/visit", {"urls": urls, "goal": goal}
+        raise BadToolCall(f"unknown argument(s) {unknown}; {name} takes {sorted(tool.arguments)}")
+    _check_sendable(tool, arguments)
+    return f"/tools/{name}", tool.request(arguments)
 
 
-def _str_list(value, key: str) -> list[str]:
-    """A string or a non-empty list of strings, as a new list (the caller's list is not reused)."""
-    if isinstance(value, str):
-        value = [value]
-    if not isinstance(value, list) or not value or not all(isinstance(v, str) and v.strip() for v in value):
-        raise BadToolCall(f"'{key}' must be a non-empty string or a non-empty list of non-empty strings")
-    return list(value)
-
-
-def _check_sendable(name: str, arguments: dict) -> None:
+def _check_sendable(tool: tools.Tool, arguments: dict) -> None:
     """Text the model wrote that no request can carry is the model's malformed call, not an outage: a lone UTF-16
     surrogate ("caf\\udcff", valid in a Python str, refused by every UTF-8 encoder) or arguments beyond
     MAX_ARGUMENT_CHARS."""
@@ -172,5 +145,5 @@ def _check_sendable(name: str, arguments: dict) -> None:
                 raise BadToolCall(f"'{key}' contains an unpaired UTF-16 surrogate at character {err.start} "
                                   f"(\\u{ord(text[err.start]):04x}); write valid Unicode text") from None
     if total > MAX_ARGUMENT_CHARS:
-        raise BadToolCall(f"the {name} arguments hold {total} characters; at most {MAX_ARGUMENT_CHARS} can be sent, "
-                          "so shorten the query, URL or goal")
+        raise BadToolCall(f"the {tool.name} arguments hold {total} characters; at most {MAX_ARGUMENT_CHARS} can be "
+                          f"sent, so shorten {tool.argument_words}")

@@ -1,5 +1,6 @@
-"""The tool service: per-item cache, in-flight de-duplication, hard deadlines, stats, and the one text rendering
-the model sees. One item = one query or one URL; a request with several items runs them concurrently.
+"""The tool service: runs the registered tools (``tool_server.tools``) with per-item cache, in-flight
+de-duplication, hard deadlines and stats. One item = one query or one URL; a request with several items runs them
+concurrently, and each tool renders its items' text (the observation the model sees).
 """
 from __future__ import annotations
 
@@ -9,12 +10,16 @@ import time
 from dataclasses import dataclass
 from typing import Awaitable, Callable
 
+from pydantic import BaseModel
+
+from . import tools
 from .backends.base import Backend, PageResult, SearchHit
-from .cache import ResponseCache, cache_key, normalize_text
+from .cache import ResponseCache, cache_key
 from .config import ServerConfig
 from .errors import ToolError, most_severe
 from .limits import InflightDedup
 from .stats import Stats
+from .tools import ToolResponse
 
 log = logging.getLogger("tool_server")
 
@@ -25,19 +30,7 @@ _GRACE_S = 1.0
 
 
 @dataclass
-class ToolResponse:
-    ok: bool
-    text: str
-    results: list[dict]
-    error: ToolError | None = None
-
-    def to_dict(self) -> dict:
-        return {"ok": self.ok, "text": self.text, "results": self.results,
-                "error": self.error.to_dict() if self.error else None}
-
-
-@dataclass
-class _Item:
+class Item:
     """The outcome of one query or URL: a value or an error, never both."""
 
     value: list[SearchHit] | PageResult | None = None
@@ -53,40 +46,7 @@ class _Item:
 
 
 # runs one item against the backend, given its absolute deadline (time.monotonic())
-_Run = Callable[[float], Awaitable["list[SearchHit] | PageResult"]]
-
-
-def render_search(query: str, hits: list[SearchHit]) -> str:
-    if not hits:
-        return f"No results found for '{query}'. Try a more general query."
-    lines = [f"A search for '{query}' found {len(hits)} results:", ""]
-    for k, hit in enumerate(hits, 1):
-        lines.append(f"{k}. [{hit.title}]({hit.url})")
-        if hit.date:
-            lines.append(f"Date published: {hit.date}")
-        if hit.source:
-            lines.append(f"Source: {hit.source}")
-        lines.append(hit.snippet)
-        lines.append("")
-    return "\n".join(lines).rstrip()
-
-
-def render_page(page: PageResult, goal: str) -> str:
-    if page.content is not None:  # a stored corpus page: show it whole
-        return f"Page {page.url} (Title: {page.title})\n{page.content}"
-    return (f"The useful information in {page.url} for user goal {goal} as follows:\n\n"
-            f"Evidence in page:\n{page.evidence}\n\nSummary:\n{page.summary}")
-
-
-def render_error(tool: str, subject: str, error: ToolError) -> str:
-    if error.kind == "no_results" and tool == "search":
-        return f"No results found for '{subject}'. Try a more general query."
-    advice = {"infra": "The tool service had a temporary failure; this is not your mistake. You may retry later "
-                       "or continue without it.",
-              "budget": "The tool budget for this run is spent; answer with what you have.",
-              "bad_request": "Fix the arguments and call again.",
-              "no_results": "Try another URL."}[error.kind]
-    return f"[{tool} failed for {subject!r}: {error.message}] {advice}"
+Run = Callable[[float], Awaitable["list[SearchHit] | PageResult"]]
 
 
 class ToolService:
@@ -103,42 +63,39 @@ class ToolService:
         """``text`` with every secret of this server masked."""
         return self._redact(text)
 
+    async def call(self, name: str, request: dict | BaseModel) -> ToolResponse:
+        """Run the registered tool ``name`` on ``request`` (its HTTP body, validated here when given as a dict).
+
+        Raises ``BadToolCall`` for an unknown tool, pydantic's ``ValidationError`` for a malformed body and
+        ``ToolError("bad_request")`` for a request beyond this server's limits; every other outcome, failures
+        included, is the returned response."""
+        tool = tools.get(name)
+        if not isinstance(request, tool.request_model):
+            request = tool.request_model.model_validate(request)
+        return await tool.execute(self, request)
+
     async def search(self, queries: list[str], topk: int) -> ToolResponse:
-        items = await asyncio.gather(*(self._item("search", q, {"q": normalize_text(q), "topk": topk},
-                                                  self.config.search_deadline_s,
-                                                  lambda d, q=q: self.backend.search_one(q, topk, d))
-                                       for q in queries))
-        texts, results = [], []
-        for query, item in zip(queries, items):
-            if item.error is None:
-                texts.append(render_search(query, item.value))
-                empty = None if item.value else ToolError("no_results", f"no results for {query[:200]!r}").to_dict()
-                results.append({"query": query, "ok": empty is None, "cached": item.cached,
-                                "hits": [h.to_dict() for h in item.value], "error": empty})
-            else:
-                texts.append(render_error("search", query, item.error))
-                results.append({"query": query, "ok": False, "cached": False, "hits": [],
-                                "error": item.error.to_dict()})
-        return self._respond(texts, results, items)
+        """Search checked queries: what the Search-R1 and FlashRAG endpoints serve."""
+        return await tools.get("search").run(self, queries, topk)
 
     async def visit(self, urls: list[str], goal: str) -> ToolResponse:
-        items = await asyncio.gather(*(self._item("visit", u, {"url": u.strip(), "goal": normalize_text(goal)},
-                                                  self.config.visit_deadline_s,
-                                                  lambda d, u=u: self.backend.visit_one(u.strip(), goal, d))
-                                       for u in urls))
-        texts, results = [], []
-        for url, item in zip(urls, items):
-            if item.error is None:
-                texts.append(render_page(item.value, goal))
-                results.append({"url": url, "ok": True, "cached": item.cached, "page": item.value.to_dict(),
-                                "error": None})
-            else:
-                texts.append(render_error("visit", url, item.error))
-                results.append({"url": url, "ok": False, "cached": False, "page": None,
-                                "error": item.error.to_dict()})
-        return self._respond(texts, results, items)
+        return await tools.get("visit").run(self, urls, goal)
 
-    def _respond(self, texts: list[str], results: list[dict], items: list[_Item]) -> ToolResponse:
+    async def item(self, tool: tools.Tool, subject: str, request: dict, deadline_s: float, run: Run) -> Item:
+        """One query/URL of a request: cached (when the backend is worth caching), shared with an identical call in
+        flight, bounded by ``deadline_s``, counted in the stats. ``request`` is what the answer depends on."""
+        start = time.monotonic()
+        item = await self._item_inner(tool, request, deadline_s, run)
+        if item.error is not None:
+            item.error.message = self._redact(item.error.message)
+        latency = time.monotonic() - start
+        self.stats.record(tool.name, latency, item.outcome)
+        log.info("%s %r -> %s%s in %.3fs", tool.name, subject[:120], item.outcome or "ok",
+                 " (cache)" if item.cached else "", latency)
+        return item
+
+    def respond(self, texts: list[str], results: list[dict], items: list[Item]) -> ToolResponse:
+        """One response from its items' texts and results; its error is the most severe item error."""
         text = ITEM_SEPARATOR.join(texts)
         if len(text) > self.config.max_text_chars:
             text = text[: self.config.max_text_chars] + "\n[output truncated]"
@@ -153,43 +110,32 @@ class ToolService:
             error = None
         return ToolResponse(ok=error is None, text=text, results=results, error=error)
 
-    async def _item(self, tool: str, subject: str, request: dict, deadline_s: float, run: _Run) -> _Item:
-        start = time.monotonic()
-        item = await self._item_inner(tool, request, deadline_s, run)
-        if item.error is not None:
-            item.error.message = self._redact(item.error.message)
-        latency = time.monotonic() - start
-        self.stats.record(tool, latency, item.outcome)
-        log.info("%s %r -> %s%s in %.3fs", tool, subject[:120], item.outcome or "ok",
-                 " (cache)" if item.cached else "", latency)
-        return item
-
-    async def _item_inner(self, tool: str, request: dict, deadline_s: float, run: _Run) -> _Item:
-        key = cache_key(self.backend.namespace(tool), request) if self.backend.cacheable else None
+    async def _item_inner(self, tool: tools.Tool, request: dict, deadline_s: float, run: Run) -> Item:
+        key = cache_key(self.backend.namespace(tool.name), request) if self.backend.cacheable else None
         if key is not None:
             hit = self.cache.get(key)
             if hit is not None:
                 self.stats.cache_hits += 1
-                return _Item(value=_decode(tool, hit), cached=True)
+                return Item(value=tool.decode(hit), cached=True)
             self.stats.cache_misses += 1
 
-        async def compute() -> _Item:
+        async def compute() -> Item:
             deadline = time.monotonic() + deadline_s
             try:
                 async with asyncio.timeout(deadline_s + _GRACE_S):
                     value = await run(deadline)
             except ToolError as exc:
-                return _Item(error=exc)
+                return Item(error=exc)
             except TimeoutError:
-                return _Item(error=ToolError("infra", f"{tool} exceeded its {deadline_s:.0f}s deadline",
+                return Item(error=ToolError("infra", f"{tool.name} exceeded its {deadline_s:.0f}s deadline",
                                              retryable=True))
             except Exception as exc:  # a bug must become a visible infra error, not a hung or dropped call
-                log.exception("%s failed unexpectedly", tool)
-                return _Item(error=ToolError("infra", f"internal error in {tool}: {type(exc).__name__}",
+                log.exception("%s failed unexpectedly", tool.name)
+                return Item(error=ToolError("infra", f"internal error in {tool.name}: {type(exc).__name__}",
                                              retryable=False))
             if key is not None:
-                self.cache.put(key, _encode(value))
-            return _Item(value=value)
+                self.cache.put(key, tool.encode(value))
+            return Item(value=value)
 
         if key is None:
             return await compute()
@@ -198,17 +144,6 @@ class ToolService:
         # a fresh ToolError per caller: redaction/mutation of one response must not touch another's
         if item.error is not None:
             err = item.error
-            return _Item(error=ToolError(err.kind, err.message, retryable=err.retryable))
+            return Item(error=ToolError(err.kind, err.message, retryable=err.retryable))
         return item
 
-
-def _encode(value) -> dict:
-    if isinstance(value, list):
-        return {"hits": [h.to_dict() for h in value]}
-    return {"page": value.to_dict()}
-
-
-def _decode(tool: str, blob: dict):
-    if tool == "search":
-        return [SearchHit(**h) for h in blob["hits"]]
-    return PageResult(**blob["page"])

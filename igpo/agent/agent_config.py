@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
+from tool_server import tools
+
 SCORE_ON = ("actor", "rollout")
 TURN_RULES = ("ours", "reference")
 
@@ -27,8 +29,9 @@ class AgentLoopConfig:
     is injected (tests, custom tools)."""
     tool_timeout_s: float = 60.0
     """Wall-clock limit of one tool call; a timeout is an infrastructure error, not the model's fault."""
-    tool_names: tuple[str, ...] = ("search", "visit")
-    """Tools the model may call; any other name gets an error observation without a round trip to the server."""
+    tool_names: tuple[str, ...] = tools.DEFAULT_TOOLS
+    """Tools the model may call, by their names in the registry ``tool_server.tools`` (search, visit, ...); any other
+    name the model writes gets an error observation without a round trip to the server."""
     max_turns: int = 200
     """Assistant turns per trajectory, including the final answer turn (the reference's ``max_turns_base``)."""
     max_turns_jitter: int = 0
@@ -43,7 +46,9 @@ class AgentLoopConfig:
     rollout.response_length. Either way it is capped at rollout.max_model_len when that is set (the engine refuses
     longer prompts). The response additionally never exceeds rollout.response_length."""
     system_prompt: str | None = None
-    """None = ``igpo.agent.protocol.DEFAULT_SYSTEM_PROMPT``. Used only when the sample has no system message."""
+    """None = ``igpo.agent.protocol.DEFAULT_SYSTEM_PROMPT`` (it describes search and visit; an agent with another
+    registered tool needs a prompt that describes it, e.g. ``igpo.agent.protocol.system_prompt_for(tool_names)``).
+    Used only when the sample has no system message."""
     max_generation_retries: int = 2
     """Per turn: how often an empty / repetitive generation or a duplicate tool call is resampled (discarded, not
     trained on) before the last attempt is accepted as it is."""
@@ -82,6 +87,15 @@ class AgentLoopConfig:
             raise _err("tool_timeout_s", self.tool_timeout_s, "must be > 0 seconds")
         if not self.tool_names or not all(isinstance(t, str) and t == t.strip().lower() and t for t in self.tool_names):
             raise _err("tool_names", self.tool_names, "must be a non-empty list of lower-case tool names")
+        unregistered = [t for t in self.tool_names if t not in tools.names()]
+        if unregistered:
+            raise _err("tool_names", self.tool_names, f"{unregistered} not registered; the registered tools are "
+                       f"{list(tools.names())} (a new tool is a module in tool_server/tools/ plus its register line)")
+        undescribed = [t for t in self.tool_names if t not in tools.DEFAULT_TOOLS]
+        if undescribed and self.system_prompt is None:
+            raise _err("tool_names", self.tool_names, f"the default system prompt does not describe {undescribed}, so "
+                       "the model would never learn to call it; set algorithm.igpo.agent.system_prompt to a prompt "
+                       "that does (igpo.agent.protocol.system_prompt_for(tool_names) writes the default one for them)")
         positive = ("max_turns", "max_tokens_per_turn", "repetition_window", "repetition_max_repeats")
         for name in positive:
             value = getattr(self, name)

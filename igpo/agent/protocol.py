@@ -22,53 +22,12 @@ from typing import Any, Literal
 
 import json5
 
-SEARCH_SCHEMA: dict[str, Any] = {
-    "type": "function",
-    "function": {
-        "name": "search",
-        "description": (
-            "Web search. Runs each query and returns the top results (title, URL, snippet) for every query. "
-            "Use several complementary queries in one call."
-        ),
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "query": {
-                    "type": "array",
-                    "items": {"type": "string"},
-                    "minItems": 1,
-                    "description": "One or more search queries.",
-                },
-            },
-            "required": ["query"],
-        },
-    },
-}
+from tool_server import tools
 
-VISIT_SCHEMA: dict[str, Any] = {
-    "type": "function",
-    "function": {
-        "name": "visit",
-        "description": (
-            "Open web pages and return a summary of the content that is relevant to the goal, with evidence."
-        ),
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "url": {
-                    "type": "array",
-                    "items": {"type": "string"},
-                    "minItems": 1,
-                    "description": "One or more URLs to read (typically taken from search results).",
-                },
-                "goal": {"type": "string", "description": "What information to extract from the pages."},
-            },
-            "required": ["url", "goal"],
-        },
-    },
-}
-
-TOOL_SCHEMAS: tuple[dict[str, Any], ...] = (SEARCH_SCHEMA, VISIT_SCHEMA)
+# The tools' prompt schemas live with the tools (``tool_server.tools``, one module each); these names are theirs.
+SEARCH_SCHEMA: dict[str, Any] = tools.get("search").schema
+VISIT_SCHEMA: dict[str, Any] = tools.get("visit").schema
+TOOL_SCHEMAS: tuple[dict[str, Any], ...] = tools.schemas(tools.DEFAULT_TOOLS)
 
 
 def default_system_prompt(tool_schemas: tuple[dict[str, Any], ...] = TOOL_SCHEMAS) -> str:
@@ -92,6 +51,12 @@ def default_system_prompt(tool_schemas: tuple[dict[str, Any], ...] = TOOL_SCHEMA
 
 
 DEFAULT_SYSTEM_PROMPT = default_system_prompt()
+
+
+def system_prompt_for(tool_names: tuple[str, ...] | list[str]) -> str:
+    """The default system prompt describing the registered tools ``tool_names`` (``algorithm.igpo.agent
+    .system_prompt`` for an agent with other tools than the default search and visit)."""
+    return default_system_prompt(tools.schemas(tuple(tool_names)))
 
 ANSWER_NOW: dict[str, str] = {
     "context": (
