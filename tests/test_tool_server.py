@@ -124,7 +124,7 @@ def test_client_round_trip_without_mutating_arguments(server):
 
 
 @pytest.mark.parametrize("name,args,needle", [
-    ("python", {"code": "1"}, "unknown tool"),
+    ("shell", {"cmd": "ls"}, "unknown tool"),
     ("search", {}, "'query'"),
     ("search", {"query": ["ok", 3]}, "'query'"),
     ("search", {"query": "x", "params": {}}, "unknown argument"),

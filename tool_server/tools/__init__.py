@@ -11,6 +11,7 @@ Adding a tool: write ``tool_server/tools/<name>.py`` with a ``tool_server.tools.
 from __future__ import annotations
 
 from .base import BadToolCall, Tool, ToolResponse
+from .python import PythonTool
 from .search import SearchTool
 from .visit import VisitTool
 
@@ -56,5 +57,6 @@ def schemas(tool_names: tuple[str, ...] | list[str]) -> tuple[dict, ...]:
 
 register(SearchTool())
 register(VisitTool())
+register(PythonTool())
 
 __all__ = ["BadToolCall", "DEFAULT_TOOLS", "Tool", "ToolResponse", "get", "names", "register", "schemas"]
