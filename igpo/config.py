@@ -29,7 +29,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping
 
-from igpo.agent.agent_config import AgentLoopConfig, RolloutScoringConfig, _plain
+from igpo.agent.agent_config import SCORE_ON, AgentLoopConfig, RolloutScoringConfig, _plain
 from igpo.core.advantage import WARMUP_TIMINGS, AdvantageConfig, CurriculumConfig
 from igpo.core.info_gain import InfoGainConfig
 from igpo.core.infra import INFRA_FAILURE_POLICIES
@@ -38,7 +38,6 @@ from igpo.core.infopo import InfoPOConfig
 if TYPE_CHECKING:
     from igpo.core.arpo import ARPOConfig
 
-SCORE_ON = ("actor", "rollout")
 _CURRICULUM_KEYS = {
     "use_curriculum": "enabled",
     "curriculum_f1_init": "f1_init",

@@ -16,8 +16,8 @@ from verl.workers.rollout.replica import TokenOutput
 
 from igpo.agent import protocol
 from igpo.agent.agent_config import AgentLoopConfig
+from igpo.agent.records import EXTRA_FIELD_KEYS
 from igpo.agent.agent_loop import (
-    EXTRA_FIELD_KEYS,
     AgentTemplateError,
     IGPOAgentLoop,
     PrefixPlusProbe,
@@ -609,7 +609,8 @@ async def test_aborted_scoring_request_is_an_ordinary_scoring_error(tiny_tokeniz
 def test_rollout_metrics_report_scoring_errors_and_context_overflows():
     import torch
 
-    from igpo.integration.trainer import IGPOTrainerSync
+    from igpo.agent.records import TurnRecord
+    from igpo.integration.rollout_metrics import rollout_metrics
 
     extras = [
         {"igpo_infra_errors": 1, "igpo_scoring_errors": 2, "igpo_context_overflow": True, "igpo_truncated": True},
@@ -617,7 +618,7 @@ def test_rollout_metrics_report_scoring_errors_and_context_overflows():
         {"igpo_infra_errors": 0, "igpo_scoring_errors": 0, "igpo_context_overflow": False, "igpo_truncated": True},
         {"igpo_infra_errors": 0, "igpo_scoring_errors": 0, "igpo_context_overflow": False, "igpo_truncated": False},
     ]
-    metrics = IGPOTrainerSync._rollout_metrics(extras, torch.tensor([1, 2, 3, 2]))
+    metrics = rollout_metrics([TurnRecord.from_extra_fields(e) for e in extras], torch.tensor([1, 2, 3, 2]))
     assert metrics["igpo/scoring_errors"] == 3.0 and metrics["igpo/context_overflow_ratio"] == 0.25
     assert metrics["igpo/infra_errors"] == 1.0 and metrics["igpo/truncated_ratio"] == 0.5
     assert {"igpo/turns_mean", "igpo/forced_final_ratio", "igpo/cutoff_ratio"} <= set(metrics)
@@ -639,26 +640,19 @@ async def test_an_empty_first_turn_ends_on_its_untrained_end_token_and_trains(ti
     """An aborted generation (0 tokens, accepted: no retries left) used to record turn end -1, and its format
     penalty then stopped the step; it now ends on the end-of-turn token the loop appends (mask 0) and is counted."""
     import torch
-    from omegaconf import OmegaConf
 
-    from igpo.config import IGPOConfig
-    from igpo.core.advantage import WarmupGate
-    from igpo.integration.trainer import IGPOTrainerSync
+    import method_harness as harness
 
     out, _, _, _ = await rollout(tiny_tokenizer, scripted([], ANSWER), agent={"max_generation_retries": 0})
     ex = out.extra_fields
     assert ex["igpo_turn_ends"][0] == 0 and out.response_mask[0] == 0 and ex["igpo_empty_turns"] == 1
     assert ex["igpo_turn_format_ok"][0] is False
-    trainer = object.__new__(IGPOTrainerSync)
     for mode in ("separate_channel", "in_ig_pool"):
-        trainer.igpo = IGPOConfig.from_algorithm(OmegaConf.create(
-            {"igpo": {"score_on": "rollout", "ig_tool_filter": "", "format_penalty_mode": mode}}))
-        trainer.warmup, trainer.global_steps, trainer.total_training_steps = WarmupGate(), 1, 10
+        method = harness.igpo_method(format_penalty_mode=mode)
         mask = torch.tensor([out.response_mask] * 2, dtype=torch.bool)
         scores = torch.zeros(mask.shape)
         scores[:, int(mask[0].nonzero().max())] = torch.tensor([1.0, 0.0])
-        metrics = {}
-        adv, _ = trainer._igpo_advantage([ex, ex], ["q", "q"], mask, scores, metrics, score_on_actor=None)
+        adv, metrics = harness.run(method, [ex, ex], ["q", "q"], mask, scores)
         assert metrics["igpo/empty_turns"] == 2.0 and metrics["igpo/penalty_positions" if mode == "separate_channel"
                                                                else "igpo/ig_total_positions"] >= 2
         assert torch.isfinite(adv).all() and adv[~mask].abs().max() == 0

@@ -12,7 +12,8 @@ from omegaconf import OmegaConf
 from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap, _agent_loop_registry
 from verl.workers.rollout.replica import TokenOutput
 
-from igpo.agent.arpo_loop import ARPO_FIELD_KEYS, ARPOAgentLoop, ARPOSetupError
+from igpo.agent.arpo_loop import ARPOAgentLoop, ARPOSetupError
+from igpo.agent.records import BRANCH_FIELD_KEYS as ARPO_FIELD_KEYS
 from igpo.config import arpo_config_from
 from igpo.core import arpo as core
 

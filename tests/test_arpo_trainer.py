@@ -6,18 +6,16 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from igpo.core.arpo import ARPOConfig
-from igpo.integration.trainer import IGPOTrainerSync, arpo_tree_check
-
-
-def _trainer(attribution: str, enabled: bool = True) -> IGPOTrainerSync:
-    trainer = object.__new__(IGPOTrainerSync)  # only what the ARPO helpers read; no Ray, no workers
-    trainer.arpo = ARPOConfig(enabled=enabled, rollouts_per_prompt=3, initial_rollouts=1, attribution=attribution)
-    return trainer
+from igpo.agent.records import BranchRecord, TurnBatch, TurnRecord
+from igpo.integration.branching import arpo_tree_check, hard_attribution
 
 
 def _record(index, parent=-1, pos=0):
-    return {"arpo_index": index, "arpo_parent": parent, "arpo_branch_pos": pos, "arpo_is_topup": False}
+    return TurnRecord(branch=BranchRecord(index=index, parent=parent, branch_pos=pos))
+
+
+def _turns(records):
+    return TurnBatch.from_records(records, length=4)
 
 
 def test_hard_equals_soft_when_nothing_branched_and_averages_shared_tokens_otherwise():
@@ -25,15 +23,13 @@ def test_hard_equals_soft_when_nothing_branched_and_averages_shared_tokens_other
     mask = torch.ones(3, 4, dtype=torch.long)
     uids = ["a", "a", "a"]
     roots = [_record(0), _record(1), _record(2)]
-    assert torch.equal(_trainer("hard")._arpo_attribution(adv, mask, uids, roots), adv)
+    assert torch.equal(hard_attribution(adv, mask, uids, _turns(roots)), adv)
     tree = [_record(0), _record(1, parent=0, pos=2), _record(2)]
-    assert torch.equal(_trainer("soft")._arpo_attribution(adv, mask, uids, tree), adv)  # soft: plain GRPO/IGPO
     metrics = {}
-    hard = _trainer("hard")._arpo_attribution(adv, mask, uids, tree, metrics)
+    hard = hard_attribution(adv, mask, uids, _turns(tree), metrics)
     assert metrics == {"arpo/hard_shared_tokens": 4.0}  # two positions in two rows
     assert hard[:2, :2].eq(0.0).all()  # the two tokens rows 0 and 1 share get the mean of 1 and -1
     assert torch.equal(hard[:, 2:], adv[:, 2:]) and torch.equal(hard[2], adv[2])
-    assert torch.equal(_trainer("hard", enabled=False)._arpo_attribution(adv, mask, uids, tree), adv)
 
 
 def test_tree_check_counts_mismatched_prefixes_and_incomplete_groups():
@@ -41,9 +37,9 @@ def test_tree_check_counts_mismatched_prefixes_and_incomplete_groups():
     mask = torch.tensor([[1, 0, 1, 1], [1, 0, 1, 1], [1, 1, 1, 0], [1, 0, 1, 1]])
     uids = ["a", "a", "a", "b"]
     good = [_record(0), _record(1, 0, 2), _record(2), _record(0)]
-    assert arpo_tree_check(responses[:3], mask[:3], uids[:3], good[:3], 3) == (0.0, 0.0)
+    assert arpo_tree_check(responses[:3], mask[:3], uids[:3], _turns(good[:3]), 3) == (0.0, 0.0)
     bad = [_record(0), _record(1, 0, 3), _record(2), _record(0)]  # rows 0 and 1 differ at position 2
-    assert arpo_tree_check(responses, mask, uids, bad, 3) == (1.0, 1.0)  # and prompt b has one row of three
+    assert arpo_tree_check(responses, mask, uids, _turns(bad), 3) == (1.0, 1.0)  # and prompt b has one row of three
 
 
 def _launch_config(**overrides):

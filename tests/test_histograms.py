@@ -26,7 +26,7 @@ def _step(tmp_path, monkeypatch, enabled: bool, step: int = 3):
     # Trajectory 0 gains +1 nat per tool turn, trajectory 1 loses 0.5; three turns each, 7 loss tokens each.
     adv, _ = _run(trainer, _records([(-3.0, -2.0, -1.0), (-3.0, -3.5, -4.0)]))
     trainer.logger = Tracking(project_name="p", experiment_name="e", default_backend=["tensorboard"])
-    trainer._write_histograms()
+    trainer.histograms.write(trainer.logger.logger["tensorboard"].writer, step)
     trainer.logger.log({"igpo/ig_mean": 0.25}, step=step)
     trainer.logger.finish()
     return adv
@@ -84,9 +84,9 @@ def test_infopo_records_its_counterfactual_values_and_advantages(tmp_path, monke
     monkeypatch.setenv("TENSORBOARD_DIR", str(tmp_path))
     trainer = infopo_trainer()
     trainer.histograms = hist.StepHistograms(enabled=True)
-    adv = trainer._infopo_advantage(*infopo_records(outcome=(1.0, 0.0)), {}, counterfactual)
+    adv = trainer.advantage(*infopo_records(outcome=(1.0, 0.0)), {}, counterfactual)
     trainer.logger = Tracking(project_name="p", experiment_name="e", default_backend=["tensorboard"])
-    trainer._write_histograms()
+    trainer.histograms.write(trainer.logger.logger["tensorboard"].writer, 1)
     trainer.logger.finish()
     found = _event_histograms(tmp_path)
     ig = found[hist.TURN_IG][0].histogram_value

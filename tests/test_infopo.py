@@ -15,6 +15,9 @@ from test_agent_loop import ANSWER, rollout, scripted, search, visit  # noqa: E4
 from test_scoring import VOCAB, tiny_model  # noqa: E402
 
 from igpo.core.ground_truth import Probe  # noqa: E402
+
+import method_harness as harness  # noqa: E402
+from igpo.integration.histograms import StepHistograms  # noqa: E402
 from igpo.core.infopo import (  # noqa: E402
     ContinuationRequest,
     InfoPOConfig,
@@ -200,18 +203,25 @@ def test_paired_scorer_matches_plain_forwards_and_observation_replaced_by_itself
 # final turn = 10-11.
 
 
-def _trainer(**infopo):
-    from omegaconf import OmegaConf
+class _InfoPO:
+    """The InfoPO method through the trainer's pipeline, its counterfactual pass replaced by ``counterfactual``."""
 
-    from igpo.config import infopo_config_from_algorithm
-    from igpo.integration.trainer import IGPOTrainerSync
+    def __init__(self, **infopo):
+        self.method = harness.infopo_method(**infopo)
+        self.infra_failure = "mask_trajectory"
+        self.histograms = StepHistograms(enabled=False)
 
-    algorithm = OmegaConf.create({"adv_estimator": "infopo", "gamma": 1.0, "norm_adv_by_std_in_grpo": True,
-                                  "infopo": infopo})
-    trainer = object.__new__(IGPOTrainerSync)
-    trainer.infopo = infopo_config_from_algorithm(algorithm)
-    trainer.global_steps, trainer.steps_per_epoch = 1, 10
-    return trainer
+    def advantage(self, extras, uids, mask, scores, metrics, counterfactual):
+        self.method.counterfactual = lambda batch, scorer, _: counterfactual(batch.turns.num_turns,
+                                                                            batch.turns.turn_ends)
+        adv, step_metrics = harness.run(self.method, extras, uids, mask, scores, policy=self.infra_failure, step=1,
+                                        total=10, epoch=0, histograms=self.histograms)
+        metrics.update(step_metrics)
+        return adv
+
+
+def _trainer(**infopo) -> _InfoPO:
+    return _InfoPO(**infopo)
 
 
 def _records(outcome=(0.0, 0.0)):
@@ -232,7 +242,7 @@ def test_trainer_credits_the_turn_that_produced_the_observation():
         return intrinsic, scored, torch.zeros(2, 3, dtype=torch.bool)
 
     metrics = {}
-    adv = _trainer()._infopo_advantage(*_records(), metrics, counterfactual)
+    adv = _trainer().advantage(*_records(), metrics, counterfactual)
     assert adv[0, :3].min() > 0 > adv[1, :3].max()  # the informative observation's producer gains
     assert adv[0, 6:].abs().max() == 0  # unscored turn, tied outcomes: nothing
     assert adv[:, 3:6].abs().max() == 0 and adv[:, 8:10].abs().max() == 0  # observations carry nothing
@@ -247,10 +257,10 @@ def test_trainer_counts_failed_turns_and_stops_past_the_threshold():
         return torch.zeros(2, 3, dtype=torch.float64), scored, failed
 
     metrics = {}
-    _trainer(max_failed_turn_ratio=0.5)._infopo_advantage(*_records(), metrics, counterfactual)
+    _trainer(max_failed_turn_ratio=0.5).advantage(*_records(), metrics, counterfactual)
     assert metrics["infopo/failed_turns"] == 1 and metrics["infopo/failed_turn_ratio"] == 0.25
     with pytest.raises(RuntimeError, match=r"1 of 4 turns .*infopo.max_failed_turn_ratio=0.1"):
-        _trainer(max_failed_turn_ratio=0.1)._infopo_advantage(*_records(), {}, counterfactual)
+        _trainer(max_failed_turn_ratio=0.1).advantage(*_records(), {}, counterfactual)
 
 
 # ---- config ---------------------------------------------------------------------------------------------------------
@@ -285,11 +295,11 @@ def test_trainer_leaves_a_trajectory_with_an_infrastructure_failure_out_of_infop
         return intrinsic[:n], torch.tensor([[True, True, False]] * n), torch.zeros(n, 3, dtype=torch.bool)
 
     metrics = {}
-    adv = _trainer()._infopo_advantage(extras, uids + ["q0"], mask, scores, metrics, counterfactual)
-    alone = _trainer()._infopo_advantage(extras[:2], uids, mask[:2], scores[:2], {}, counterfactual)
+    adv = _trainer().advantage(extras, uids + ["q0"], mask, scores, metrics, counterfactual)
+    alone = _trainer().advantage(extras[:2], uids, mask[:2], scores[:2], {}, counterfactual)
     assert adv[2].abs().max() == 0 and torch.allclose(adv[:2], alone)
     assert metrics["igpo/infra_masked_trajectories"] == 1.0
     trainer = _trainer()
     trainer.infra_failure = "keep"
-    kept = trainer._infopo_advantage(extras, uids + ["q0"], mask, scores, {}, counterfactual)
+    kept = trainer.advantage(extras, uids + ["q0"], mask, scores, {}, counterfactual)
     assert kept[2].abs().max() > 0 and not torch.allclose(kept[:2], alone)

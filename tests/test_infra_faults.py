@@ -16,6 +16,7 @@ import torch
 
 from fake_upstreams import FakeUpstream, InProcessServer, Reply
 from fault_retriever import ShareFailing, static_reply
+import method_harness as harness
 from test_trainer import TURN_TOKENS, _run, _trainer
 from igpo.agent.agent_loop import _STATUS_OF_ERROR_KIND
 from igpo.integration.infra_breaker import InfraBreaker, InfraBreakerConfig, describe_failures
@@ -120,7 +121,7 @@ def test_fault_matrix(fault):
     for policy in ("mask_trajectory", "mask_turn"):
         trainer = _trainer(infra_failure=policy)
         metrics = {}
-        infra = trainer._infra_mask(records[0], records[2], metrics)
+        infra = harness.infra(records[0], records[2], trainer.policy, metrics)
         if policy == "mask_trajectory":
             assert not infra.loss_mask[failed].any() and torch.equal(infra.loss_mask[~failed], records[2][~failed])
             assert metrics["igpo/infra_masked_trajectories"] == float(failed.sum())

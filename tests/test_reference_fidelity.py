@@ -29,6 +29,8 @@ from igpo.core.turn_format import check_answer_turn, check_tool_turn
 sys.path.insert(0, str(Path(__file__).parent))
 from reference_advantage import reference_advantage  # noqa: E402
 
+import method_harness as harness  # noqa: E402
+
 REPO = Path(__file__).resolve().parent.parent
 TOL = 1e-5
 
@@ -49,17 +51,13 @@ def ours():
 
 
 def _trainer(config, step=1, total=10, **igpo):
-    """The igpo_sync trainer's advantage path only (no Ray): the composed algorithm section, answer log-probs taken
-    from the records (score_on=rollout) so no actor is needed."""
-    from igpo.integration.trainer import IGPOTrainerSync
+    """The igpo_sync trainer's advantage pipeline with the IGPO method of the composed algorithm section, answer
+    log-probs taken from the records (score_on=rollout) so no actor is needed."""
+    from igpo.integration.methods.igpo import IGPOMethod
 
     algorithm = OmegaConf.merge(config.algorithm, {"igpo": {"score_on": "rollout", **igpo}})
-    trainer = object.__new__(IGPOTrainerSync)
-    trainer.igpo = IGPOConfig.from_algorithm(algorithm)
-    trainer.warmup = WarmupGate(trainer.igpo.ig_warmup_threshold, trainer.igpo.ig_warmup_ema_alpha,
-                                trainer.igpo.ig_warmup_timing)
-    trainer.global_steps, trainer.total_training_steps = step, total
-    return trainer
+    return SimpleNamespace(method=IGPOMethod(OmegaConf.create({"algorithm": algorithm})), global_steps=step,
+                           total_training_steps=total)
 
 
 def _batch(records, length):
@@ -80,8 +78,8 @@ def _batch(records, length):
 
 
 def _advantage(trainer, records, length):
-    metrics = {}
-    adv, _ = trainer._igpo_advantage(*_batch(records, length), metrics, score_on_actor=None)
+    adv, metrics = harness.run(trainer.method, *_batch(records, length), step=trainer.global_steps,
+                               total=trainer.total_training_steps)
     return adv.double(), metrics
 
 

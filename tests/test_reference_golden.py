@@ -20,6 +20,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+import method_harness as harness
 import igpo.reward as reward
 from igpo.agent.agent_config import AgentLoopConfig
 from igpo.config import refuse_reference_overrides
@@ -206,10 +207,8 @@ ADVANTAGE_TOL = 1e-5
 def _advantage_trainer(preset, config: dict):
     """The igpo_sync trainer's advantage path with the preset's algorithm section and the batch's settings (answer
     log-probs read from the records, score_on=rollout, so no actor is needed; IG active: no warm-up gate). Built
-    without __init__, which needs Ray and the workers: only the attributes ``_igpo_advantage`` reads are set."""
-    from igpo.config import IGPOConfig
-    from igpo.core.advantage import WarmupGate
-    from igpo.integration.trainer import IGPOTrainerSync
+    through the trainer's pipeline (igpo.integration.pipeline), without Ray or workers."""
+    from igpo.integration.methods.igpo import IGPOMethod
 
     algorithm = OmegaConf.merge(preset.algorithm, {
         "gamma": config["gamma"], "norm_adv_by_std_in_grpo": config["norm_adv_by_std"],
@@ -220,13 +219,8 @@ def _advantage_trainer(preset, config: dict):
     if curriculum:
         algorithm = OmegaConf.merge(algorithm, {"igpo": {"use_curriculum": True, **{
             f"curriculum_{key}": curriculum[key] for key in ("f1_init", "f1_final", "ig_init", "ig_final")}}})
-    trainer = object.__new__(IGPOTrainerSync)
-    trainer.igpo = IGPOConfig.from_algorithm(algorithm)
-    trainer.infra_failure = trainer.igpo.infra_failure
-    trainer.warmup = WarmupGate(0.0, trainer.igpo.ig_warmup_ema_alpha, trainer.igpo.ig_warmup_timing)
-    trainer.global_steps, trainer.total_training_steps = (curriculum["step"], curriculum["total"]) if curriculum \
-        else (1, 10)
-    return trainer
+    step, total = (curriculum["step"], curriculum["total"]) if curriculum else (1, 10)
+    return IGPOMethod(OmegaConf.create({"algorithm": algorithm})), step, total
 
 
 def _agent_loop_batch(records: list[dict]):
@@ -258,8 +252,8 @@ def _agent_loop_batch(records: list[dict]):
 
 def _our_advantage(preset, case) -> list[list[float]]:
     extras, uids, response_mask, rm_scores = _agent_loop_batch(case["records"])
-    trainer = _advantage_trainer(preset, case["config"])
-    advantages, _ = trainer._igpo_advantage(extras, uids, response_mask, rm_scores, {}, score_on_actor=None)
+    method, step, total = _advantage_trainer(preset, case["config"])
+    advantages, _ = harness.run(method, extras, uids, response_mask, rm_scores, step=step, total=total)
     return [advantages[i][response_mask[i]].double().tolist() for i in range(len(extras))]
 
 

@@ -9,7 +9,12 @@ import torch
 from igpo.integration.actor_worker import shard_requests
 from igpo.core.health import HealthMonitor
 from igpo.integration.infra_breaker import InfraBreaker, InfraBreakerConfig
-from igpo.integration.trainer import _turn_tensors
+from igpo.agent.records import TurnBatch, TurnRecord
+from igpo.integration.checkpoint import CheckpointState
+from igpo.integration.histograms import StepHistograms
+from igpo.integration.run_control import RunControl
+
+import method_harness as harness
 
 
 def test_turn_tensors_reads_records_and_drops_turns_cut_by_the_response_length():
@@ -21,7 +26,9 @@ def test_turn_tensors_reads_records_and_drops_turns_cut_by_the_response_length()
          "igpo_tool_names": ["search", "search", None], "igpo_answer_logprobs": [[-4.0], None, [-1.0]]},
         {},  # a padding row without records
     ]
-    num_turns, ends, format_ok, tools, lp = _turn_tensors(extras, length=20, alias_mode="first")
+    turns = TurnBatch.from_records([TurnRecord.from_extra_fields(e) for e in extras], length=20)
+    num_turns, ends, format_ok, tools = turns.num_turns, turns.turn_ends, turns.format_ok, turns.tool_names
+    lp = turns.answer_logprobs("first")
     assert num_turns.tolist() == [3, 2, 0]
     assert ends[0].tolist() == [4, 9, 15] and ends[1, :2].tolist() == [5, 12]
     assert format_ok[0].tolist() == [True, False, True]
@@ -33,8 +40,8 @@ def test_turn_tensors_reads_records_and_drops_turns_cut_by_the_response_length()
 
 def test_turn_tensors_reduces_aliases_by_mode():
     extras = [{"igpo_num_turns": 2, "igpo_turn_ends": [3, 8], "igpo_answer_logprobs": [[-3.0, -1.0], [-2.0, -0.5]]}]
-    _, _, _, _, best = _turn_tensors(extras, length=10, alias_mode="max")
-    _, _, _, _, first = _turn_tensors(extras, length=10, alias_mode="first")
+    turns = TurnBatch.from_records([TurnRecord.from_extra_fields(e) for e in extras], length=10)
+    best, first = turns.answer_logprobs("max"), turns.answer_logprobs("first")
     assert best[0].tolist() == [-1.0, -0.5] and first[0].tolist() == [-3.0, -2.0]
 
 
@@ -52,23 +59,36 @@ def test_shard_requests_gives_every_rank_the_same_number_of_forwards():
 TURN_TOKENS = [(0, 3), (6, 8), (10, 12)]
 
 
-def _trainer(step: int = 1, total: int = 10, **igpo):
-    from omegaconf import OmegaConf
+class _Verl:
+    """verl's checkpoint hooks under the mixins (tests replace them)."""
 
-    from igpo.config import IGPOConfig
-    from igpo.core.advantage import WarmupGate
-    from igpo.integration.trainer import IGPOTrainerSync
+    def _save_checkpoint(self):
+        pass
 
-    algorithm = OmegaConf.create({"adv_estimator": "igpo", "gamma": 0.95, "norm_adv_by_std_in_grpo": True,
-                                  "igpo": {"score_on": "rollout", "ig_tool_filter": "", **igpo}})
-    trainer = object.__new__(IGPOTrainerSync)  # only what _igpo_advantage reads; no Ray, no workers
-    trainer.igpo = IGPOConfig.from_algorithm(algorithm)
-    trainer.warmup = WarmupGate(trainer.igpo.ig_warmup_threshold, trainer.igpo.ig_warmup_ema_alpha)
-    trainer.infra_failure = trainer.igpo.infra_failure or "mask_trajectory"  # as __init__ resolves it for igpo
-    trainer.global_steps, trainer.total_training_steps = step, total
-    trainer.health = HealthMonitor()
-    trainer.infra_breaker = InfraBreaker(InfraBreakerConfig())
-    return trainer
+    def _load_checkpoint(self):
+        pass
+
+
+class _Trainer(RunControl, CheckpointState, _Verl):
+    """The IGPO method with the step it runs at and the infra policy, plus the trainer's run-control and checkpoint
+    mixins over what they read (no Ray, no workers)."""
+
+    def __init__(self, step: int = 1, total: int = 10, **igpo):
+        self.method = harness.igpo_method(**igpo)
+        self.igpo = self.method.igpo
+        self.policy = harness.default_policy(self.method)
+        self.global_steps, self.total_training_steps = step, total
+        self.health = HealthMonitor()
+        self.infra_breaker = InfraBreaker(InfraBreakerConfig())
+        self.histograms = StepHistograms(enabled=False)
+
+    @property
+    def warmup(self):
+        return self.method.warmup
+
+
+def _trainer(step: int = 1, total: int = 10, **igpo) -> _Trainer:
+    return _Trainer(step, total, **igpo)
 
 
 def _records(logprobs, format_ok=((True, True, True), (True, True, True)), seen=((False, False, False),) * 2,
@@ -85,9 +105,8 @@ def _records(logprobs, format_ok=((True, True, True), (True, True, True)), seen=
 
 
 def _run(trainer, records):
-    metrics = {}
-    adv, _ = trainer._igpo_advantage(*records, metrics, score_on_actor=None)
-    return adv, metrics
+    return harness.run(trainer.method, *records, policy=trainer.policy, step=trainer.global_steps,
+                       total=trainer.total_training_steps, histograms=trainer.histograms)
 
 
 def _turn_values(adv, row):
@@ -193,9 +212,8 @@ def test_igpo_state_is_complete_before_verl_points_resume_at_the_step(tmp_path, 
     import json
 
     from omegaconf import OmegaConf
-    from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
-    from igpo.integration.trainer import STATE_FILE
+    from igpo.integration.checkpoint import STATE_FILE
 
     trainer = _trainer()
     trainer.config = OmegaConf.create({"trainer": {"default_local_dir": str(tmp_path)}})
@@ -209,7 +227,7 @@ def test_igpo_state_is_complete_before_verl_points_resume_at_the_step(tmp_path, 
         seen["state"] = json.loads(path.read_text()) if path.is_file() else None
         (tmp_path / "latest_checkpointed_iteration.txt").write_text("3")
 
-    monkeypatch.setattr(PPOTrainerSync, "_save_checkpoint", verl_save)
+    monkeypatch.setattr(_Verl, "_save_checkpoint", verl_save)
     trainer._save_checkpoint()
     assert seen["state"]["warmup_gate"] == trainer.warmup.state_dict()
     assert seen["state"]["health"] == trainer.health.state()
@@ -301,7 +319,7 @@ def test_default_policy_masks_a_failed_trajectory_out_of_loss_and_group_statisti
     records = _with_outage(_three_rollouts())
     trainer = _trainer()
     metrics = {}
-    infra = trainer._infra_mask(records[0], records[2], metrics)
+    infra = harness.infra(records[0], records[2], trainer.policy, metrics)
     assert infra.rows.tolist() == [False, True, False]
     assert not infra.loss_mask[1].any() and torch.equal(infra.loss_mask[[0, 2]], records[2][[0, 2]])
     assert metrics["igpo/infra_masked_trajectories"] == 1.0 and metrics["igpo/infra_masked_turns"] == 0.0
@@ -317,7 +335,7 @@ def test_default_policy_masks_a_failed_trajectory_out_of_loss_and_group_statisti
 def test_keep_policy_trains_on_the_failed_trajectory():
     records = _with_outage(_three_rollouts())
     trainer = _trainer(infra_failure="keep")
-    infra = trainer._infra_mask(records[0], records[2], {})
+    infra = harness.infra(records[0], records[2], trainer.policy, {})
     assert not infra.changed and torch.equal(infra.loss_mask, records[2])
     adv, metrics = _run(trainer, records)
     assert adv[1].abs().max() > 0 and metrics["igpo/infra_masked_trajectories"] == 0.0
@@ -330,7 +348,7 @@ def test_mask_turn_drops_only_the_failed_turn():
     records = _with_outage(_records([(-3.0, -2.0, -1.0), (-3.0, -3.5, -4.0)]), row=1, turn=0)
     trainer = _trainer(infra_failure="mask_turn")
     metrics = {}
-    infra = trainer._infra_mask(records[0], records[2], metrics)
+    infra = harness.infra(records[0], records[2], trainer.policy, metrics)
     assert metrics["igpo/infra_masked_turns"] == 1.0 and metrics["igpo/infra_masked_trajectories"] == 0.0
     assert not infra.loss_mask[1, 0:3].any() and infra.loss_mask[1, 6:8].all() and infra.loss_mask[1, 10:12].all()
     assert torch.equal(infra.loss_mask[0], records[2][0])
@@ -342,18 +360,18 @@ def test_a_failed_last_kept_turn_masks_its_trajectory_under_mask_turn():
     # The response was cut after turn 1, whose search failed: that turn carries the outcome, so the row goes.
     extras, uids, mask, scores = _with_outage(_records([(-3.0, -2.0, -1.0)] * 2), row=1, turn=1)
     extras[1]["igpo_num_turns"] = 2
-    infra = _trainer(infra_failure="mask_turn")._infra_mask(extras, mask, {})
+    infra = harness.infra(extras, mask, _trainer(infra_failure="mask_turn").policy, {})
     assert infra.rows.tolist() == [False, True] and not infra.turns.any() and not infra.loss_mask[1].any()
 
 
 def test_infra_masking_with_a_stock_estimator_is_refused_and_its_default_is_keep():
-    trainer = _trainer(infra_failure="mask_trajectory")
-    trainer.uses_igpo = trainer.uses_infopo = False
+    from igpo.integration.methods.outcome import VerlEstimator
+    from igpo.integration.pipeline import resolve_infra_policy
+
+    grpo = VerlEstimator(harness.config("grpo"))
     with pytest.raises(ValueError, match="infra_failure=mask_trajectory is not supported with "
                                          "algorithm.adv_estimator=grpo.*infra_failure=keep"):
-        trainer._infra_failure_policy("grpo")
-    unset = _trainer()
-    unset.uses_igpo = unset.uses_infopo = False
-    assert unset._infra_failure_policy("grpo") == "keep"
+        resolve_infra_policy(grpo, "mask_trajectory", "grpo")
+    assert resolve_infra_policy(grpo, None, "grpo") == "keep"
     with pytest.raises(ValueError, match="infra_failure='mask_all' is unknown"):
         _trainer(infra_failure="mask_all")

@@ -5,9 +5,7 @@ import json
 
 import pytest
 from omegaconf import OmegaConf
-from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
-
-from test_trainer import _fake_checkpointed_parts, _trainer
+from test_trainer import _Verl, _fake_checkpointed_parts, _trainer
 
 
 def _saved_gate(folder, ema: float) -> None:
@@ -30,7 +28,7 @@ def test_resume_reads_the_state_of_the_step_verl_resumed(tmp_path, monkeypatch, 
     def verl_load(self):
         self.global_steps = step
 
-    monkeypatch.setattr(PPOTrainerSync, "_load_checkpoint", verl_load)
+    monkeypatch.setattr(_Verl, "_load_checkpoint", verl_load)
     trainer._load_checkpoint()
     assert trainer.warmup.ema == pytest.approx(step / 10) and trainer.warmup.graduated
 
@@ -42,6 +40,6 @@ def test_relative_checkpoint_dir_resolves_against_the_working_directory(tmp_path
     trainer.config = OmegaConf.create({"trainer": {"default_local_dir": "ckpt", "resume_mode": "auto",
                                                    "resume_from_path": None}})
     _fake_checkpointed_parts(trainer)
-    monkeypatch.setattr(PPOTrainerSync, "_load_checkpoint", lambda self: setattr(self, "global_steps", 1))
+    monkeypatch.setattr(_Verl, "_load_checkpoint", lambda self: setattr(self, "global_steps", 1))
     trainer._load_checkpoint()
     assert trainer.warmup.ema == pytest.approx(0.3)

@@ -53,6 +53,8 @@ from igpo.agent import protocol
 
 from igpo.integration import rollout_failures
 from igpo.agent.agent_config import AgentLoopConfig, RolloutScoringConfig
+from igpo.agent.records import TurnRecord
+from igpo.config import IGPOConfig
 from igpo.core.ground_truth import Probe, answer_probes, parse_ground_truth
 from igpo.core.outcome import contains_answer
 from igpo.core.info_gain import InfoGainConfig, scored_boundaries
@@ -61,15 +63,6 @@ from igpo.core.turn_format import check_answer_turn, check_tool_turn, reference_
 logger = logging.getLogger(__name__)
 logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "WARN"))
 
-EXTRA_FIELD_KEYS = (
-    "igpo_turn_ends", "igpo_boundaries", "igpo_tool_names", "igpo_tool_status", "igpo_turn_format_ok",
-    "igpo_num_turns", "igpo_infra_errors", "igpo_forced_final", "igpo_cutoff", "igpo_truncated", "igpo_retries",
-    "igpo_final_turn_text", "igpo_final_answer", "igpo_answer_logprobs", "igpo_stop_reason", "igpo_eos_appended",
-    "igpo_empty_turns",
-    "igpo_scoring_errors", "igpo_context_overflow", "igpo_answer_seen", "igpo_error", "igpo_question", "min_global_steps",
-    "max_global_steps", "turn_scores", "tool_rewards",
-)
-"""Keys present in EVERY output's ``extra_fields`` (verl concatenates them across samples)."""
 
 _SCORING_PARAMS = {"max_tokens": 1, "prompt_logprobs": 0, "temperature": 1.0}
 _SLOT = "IGPO_OBSERVATION_SLOT"
@@ -94,7 +87,7 @@ class RolloutScoringUnavailable(RuntimeError):
 _CONTEXT_OVERFLOW_PHRASES = ("leaves no room to generate", "maximum model length", "maximum context length")
 
 
-def _is_context_overflow(err: BaseException) -> bool:
+def is_context_overflow(err: BaseException) -> bool:
     """A ValueError whose message says the prompt is too long (Ray re-raises it as a RayTaskError subclassing the
     original class, or, when it cannot, keeps the original as ``cause``)."""
     for candidate in (err, getattr(err, "cause", None)):
@@ -191,14 +184,14 @@ class ChatFrame:
     def observation(self, content_ids: list[int], reason: str | None, budget: int, tokenizer: Any) -> list[int]:
         """Observation ids with the content cut to ``budget`` tokens (a notice of the cut included in the budget)."""
         if len(content_ids) > budget:
-            notice = _encode_content(
+            notice = encode_content(
                 tokenizer, f"\n[observation truncated: first part of {len(content_ids)} tokens shown]"
             )
             content_ids = content_ids[: max(0, budget - len(notice))] + notice
         return [*self.prefix_ids, *content_ids, *self.suffix_ids[reason]]
 
 
-def _encode_content(tokenizer: Any, text: str) -> list[int]:
+def encode_content(tokenizer: Any, text: str) -> list[int]:
     """Tokenize untrusted text (tool output) so that control-token text in it (``<|im_end|>``) stays plain text."""
     return tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)
 
@@ -258,18 +251,15 @@ def _settings_for(trainer_config: Any) -> _Settings:
     cached = _SETTINGS.get(id(trainer_config))
     if cached is not None and cached[0] is trainer_config:
         return cached[1]
-    algorithm = trainer_config.get("algorithm") or {}
-    igpo = algorithm.get("igpo") or {}
-    agent = AgentLoopConfig.from_dict(igpo.get("agent"))
-    scoring = RolloutScoringConfig.from_dict(igpo)
-    info_gain = InfoGainConfig(**dict(scoring.info_gain)) if scoring.score_on == "rollout" else None
+    igpo = IGPOConfig.from_algorithm(trainer_config.get("algorithm") or {})
     seed = trainer_config.get("seed")
-    settings = _Settings(agent, scoring, info_gain, None if seed is None else int(seed))
+    info_gain = igpo.info_gain if igpo.score_on == "rollout" else None
+    settings = _Settings(igpo.agent, igpo.scoring, info_gain, None if seed is None else int(seed))
     _SETTINGS[id(trainer_config)] = (trainer_config, settings)
     return settings
 
 
-def _frame_for(tokenizer: Any, template_kwargs: dict[str, Any]) -> ChatFrame:
+def frame_for(tokenizer: Any, template_kwargs: dict[str, Any]) -> ChatFrame:
     key = (id(tokenizer), repr(sorted(template_kwargs.items())))
     cached = _FRAMES.get(key)
     if cached is None or cached[0] is not tokenizer:
@@ -277,7 +267,7 @@ def _frame_for(tokenizer: Any, template_kwargs: dict[str, Any]) -> ChatFrame:
     return cached[1]
 
 
-def _shared_tool_client(url: str, timeout_s: float) -> Any:
+def shared_tool_client(url: str, timeout_s: float) -> Any:
     """One ``ToolClient`` per process, event loop, URL and timeout (its HTTP pool is bound to the loop)."""
     state = _loop_state()
     client = state.tool_clients.get((url, timeout_s))
@@ -288,7 +278,7 @@ def _shared_tool_client(url: str, timeout_s: float) -> Any:
     return client
 
 
-def _batch_key(kwargs: dict[str, Any]) -> Any:
+def batch_key(kwargs: dict[str, Any]) -> Any:
     """Trajectories of one worker batch share the global step they were launched for."""
     step = kwargs.get("global_steps")
     try:
@@ -365,7 +355,7 @@ class IGPOAgentLoop(AgentLoopBase):
         self.max_context = budget if self.max_model_len is None else min(budget, self.max_model_len)
         template_kwargs = dict(self.apply_chat_template_kwargs or {})
         self.template_kwargs = template_kwargs
-        self.frame = _frame_for(self.tokenizer, template_kwargs)
+        self.frame = frame_for(self.tokenizer, template_kwargs)
         if tool_caller is None and self.cfg.tool_server_url is None:
             raise AgentTemplateError(
                 "algorithm.igpo.agent.tool_server_url is not set; the igpo_agent loop needs the tool service "
@@ -383,7 +373,7 @@ class IGPOAgentLoop(AgentLoopBase):
         stream = self._seed_stream if self._seed_stream is not None else kwargs.get("session_id")
         if self.settings.seed is None or stream is None or kwargs.get("uid") is None:
             return None
-        return (self.settings.seed, _batch_key(kwargs), str(kwargs["uid"]), int(stream))
+        return (self.settings.seed, batch_key(kwargs), str(kwargs["uid"]), int(stream))
 
     # ------------------------------------------------------------------ entry point
 
@@ -398,7 +388,7 @@ class IGPOAgentLoop(AgentLoopBase):
 
     async def _run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         state = _loop_state()
-        key = _batch_key(kwargs)
+        key = batch_key(kwargs)
         progress = state.batches.setdefault(key, _BatchProgress())
         progress.started += 1
         traj = _Trajectory(request_id=uuid4().hex, seed_key=self._seed_key(kwargs))
@@ -417,7 +407,7 @@ class IGPOAgentLoop(AgentLoopBase):
     def _slot(self, state: _LoopState) -> Any:
         limit = self.cfg.max_concurrent_trajectories
         if limit == 0:
-            return _NoLimit()
+            return NoLimit()
         sem = state.semaphores.get(limit)
         if sem is None:
             sem = state.semaphores[limit] = asyncio.Semaphore(limit)
@@ -478,7 +468,7 @@ class IGPOAgentLoop(AgentLoopBase):
                     traj, sampling_params, min(cfg.max_tokens_per_turn, limit - boundary - 1), seen_calls, reason
                 )
             except Exception as err:  # noqa: BLE001 - only a too-long prompt is handled; the rest propagates
-                if not _is_context_overflow(err):
+                if not is_context_overflow(err):
                     raise
                 # The context limit did not match the engine's (max_model_len null, or larger than the engine
                 # uses). Ending this trajectory keeps the rest of the worker's batch, which an exception would lose.
@@ -529,7 +519,7 @@ class IGPOAgentLoop(AgentLoopBase):
             # Decide whether turn j+1 must be the final one, then close turn j with its observation.
             after_turn = len(traj.context)
             reason = "max_turns" if j + 2 >= max_turns else "cutoff" if progress.cut else None
-            content_ids = _encode_content(self.tokenizer, content)
+            content_ids = encode_content(self.tokenizer, content)
             obs = frame.observation(content_ids, None, cfg.max_observation_tokens, self.tokenizer)
             if reason is None and not self._tool_turn_fits(after_turn + len(obs), limit):
                 reason = "context"
@@ -608,7 +598,7 @@ class IGPOAgentLoop(AgentLoopBase):
         key = protocol.call_key(name, parsed.arguments)  # snapshot before the call: a client may not mutate it
         if self.cfg.dedup_tool_calls and key in seen_calls:
             return name, "duplicate", protocol.duplicate_call_message(seen_calls[key])
-        caller = self._tool_caller or _shared_tool_client(self.cfg.tool_server_url, self.cfg.tool_timeout_s)
+        caller = self._tool_caller or shared_tool_client(self.cfg.tool_server_url, self.cfg.tool_timeout_s)
         start = time.perf_counter()
         try:
             result = await asyncio.wait_for(caller.call(name, parsed.arguments), timeout=self.cfg.tool_timeout_s)
@@ -751,41 +741,32 @@ class IGPOAgentLoop(AgentLoopBase):
                 f"igpo_agent built a response of {len(response_ids)} tokens > rollout.response_length="
                 f"{self.response_length}; the context budget check is broken."
             )
-        step = _batch_key(kwargs)
+        step = batch_key(kwargs)
         fallback_step = step if isinstance(step, int) else 0  # no generation happened: the launch step
-        extra = {
-            "igpo_turn_ends": list(traj.turn_ends),
-            "igpo_boundaries": list(traj.boundaries),
-            "igpo_tool_names": list(traj.tool_names),
-            "igpo_tool_status": list(traj.tool_status),
-            "igpo_turn_format_ok": list(traj.format_ok),
-            "igpo_num_turns": len(traj.turn_ends),
-            "igpo_infra_errors": traj.infra_errors,
-            "igpo_forced_final": traj.forced_final,
-            "igpo_cutoff": traj.cutoff,
-            "igpo_truncated": traj.truncated,
-            "igpo_retries": traj.retries,
-            "igpo_final_turn_text": traj.final_turn_text,
-            "igpo_final_answer": traj.final_answer,
-            "igpo_answer_logprobs": traj.answer_logprobs if self.settings.info_gain is not None else [],
-            "igpo_stop_reason": traj.stop_reason if traj.error is None else "error",
-            "igpo_eos_appended": traj.eos_appended,
-            "igpo_empty_turns": traj.empty_turns,
-            "igpo_scoring_errors": traj.scoring_errors,
-            "igpo_context_overflow": traj.context_overflow,
+        record = TurnRecord(
+            turn_ends=list(traj.turn_ends), boundaries=list(traj.boundaries), tool_names=list(traj.tool_names),
+            tool_status=list(traj.tool_status), format_ok=list(traj.format_ok),
+            answer_logprobs=traj.answer_logprobs if self.settings.info_gain is not None else [],
             # Per tool turn whose observation was appended; empty when the sample has no usable ground truth.
-            "igpo_answer_seen": list(traj.answer_seen),
-            "igpo_error": traj.error,
+            answer_seen=list(traj.answer_seen), infra_errors=traj.infra_errors, forced_final=traj.forced_final,
+            cutoff=traj.cutoff, truncated=traj.truncated, retries=traj.retries,
+            final_turn_text=traj.final_turn_text, final_answer=traj.final_answer,
+            stop_reason=traj.stop_reason if traj.error is None else "error", eos_appended=traj.eos_appended,
+            empty_turns=traj.empty_turns, scoring_errors=traj.scoring_errors,
+            context_overflow=traj.context_overflow, error=traj.error,
             # The judge needs the question; the reward function receives only the response and the ground truth.
-            "igpo_question": next((str(m.get("content", "")) for m in reversed(list(kwargs.get("raw_prompt") or []))
-                                   if isinstance(m, dict) and m.get("role") == "user"), ""),
+            question=next((str(m.get("content", "")) for m in reversed(list(kwargs.get("raw_prompt") or []))
+                           if isinstance(m, dict) and m.get("role") == "user"), ""),
+        )
+        if self.settings.info_gain is not None and len(record.answer_logprobs) != len(traj.boundaries):
+            record.answer_logprobs = [None] * len(traj.boundaries)
+        extra = record.to_extra_fields()
+        extra.update({
             "min_global_steps": traj.server_fields.get("min_global_steps", fallback_step),
             "max_global_steps": traj.server_fields.get("max_global_steps", fallback_step),
             "turn_scores": [],
             "tool_rewards": [],
-        }
-        if self.settings.info_gain is not None and len(extra["igpo_answer_logprobs"]) != len(traj.boundaries):
-            extra["igpo_answer_logprobs"] = [None] * len(traj.boundaries)
+        })
         return AgentLoopOutput(
             prompt_ids=prompt_ids,
             response_ids=response_ids,
@@ -870,7 +851,7 @@ def _first(row: Any) -> float:
     return float(row[0] if isinstance(row, (list, tuple)) else row)
 
 
-class _NoLimit:
+class NoLimit:
     async def __aenter__(self) -> None:
         return None
 

@@ -50,16 +50,13 @@ from uuid import uuid4
 import torch
 from verl.experimental.agent_loop.agent_loop import AgentLoopOutput, register
 
-from igpo.agent.agent_loop import IGPOAgentLoop, _batch_key, _is_context_overflow, _NoLimit, _shared_tool_client
+from igpo.agent.agent_loop import IGPOAgentLoop, batch_key, is_context_overflow, NoLimit, shared_tool_client
+from igpo.agent.records import BranchRecord
 from igpo.config import arpo_config_from
 from igpo.core import arpo as core
 
 logger = logging.getLogger(__name__)
 logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "WARN"))
-
-ARPO_FIELD_KEYS = ("arpo_index", "arpo_parent", "arpo_branch_pos", "arpo_is_topup", "arpo_h_init", "arpo_delta_h",
-                   "arpo_unmeasured", "arpo_rounds", "arpo_prompt")
-"""Keys every ``arpo_agent`` output carries in ``extra_fields``."""
 
 _JOIN_PASSES = 3  # scheduling passes the first session waits for its siblings (verl creates them all before any runs)
 
@@ -222,7 +219,7 @@ class _TreeMember(IGPOAgentLoop):
     _arpo_max_turns: int
 
     def _slot(self, state: Any) -> Any:
-        return _NoLimit()
+        return NoLimit()
 
     def _draw_max_turns(self, seed_key: tuple | None = None) -> int:
         return self._arpo_max_turns
@@ -256,7 +253,7 @@ class PromptTree:
         real_tools = t._tool_caller
         loop._tool_caller = _TapedTools(
             (lambda: real_tools) if real_tools is not None
-            else (lambda: _shared_tool_client(t.cfg.tool_server_url, t.cfg.tool_timeout_s)), member)
+            else (lambda: shared_tool_client(t.cfg.tool_server_url, t.cfg.tool_timeout_s)), member)
         loop._arpo_max_turns = member.max_turns
         loop._seed_stream = record.index  # a branch samples its own live turns, not its source's
         member.task = asyncio.create_task(IGPOAgentLoop._run(loop, self.sampling_params, **self.kwargs))
@@ -327,11 +324,10 @@ class PromptTree:
         self._check_prefixes(members, outputs)
         for m, out in zip(members, outputs):
             r = m.record
-            out.extra_fields.update({
-                "arpo_index": r.index, "arpo_parent": r.parent, "arpo_branch_pos": r.branch_pos,
-                "arpo_is_topup": r.is_topup, "arpo_h_init": r.h_init, "arpo_delta_h": list(m.delta_h),
-                "arpo_unmeasured": m.unmeasured, "arpo_rounds": self.rounds, "arpo_prompt": str(self.kwargs.get("uid")),
-            })
+            out.extra_fields.update(BranchRecord(
+                index=r.index, parent=r.parent, branch_pos=r.branch_pos, is_topup=r.is_topup, h_init=r.h_init,
+                delta_h=list(m.delta_h), unmeasured=m.unmeasured, rounds=self.rounds,
+                prompt=str(self.kwargs.get("uid"))).to_extra_fields())
         return outputs
 
     async def _measure(self, m: _Member) -> tuple[str, float] | None:
@@ -367,7 +363,7 @@ class PromptTree:
             out = await self.server.generate(request_id=m.request_id, prompt_ids=prompt_ids, sampling_params={
                 "max_tokens": 1, "prompt_logprobs": self.cfg.top_k, "temperature": 1.0})
         except Exception as error:  # noqa: BLE001 - only a context the engine refuses is survivable
-            if _is_context_overflow(error):
+            if is_context_overflow(error):
                 return None
             raise
         rows = (out.extra_fields or {}).get("prompt_logprobs")
@@ -480,7 +476,7 @@ class ARPOAgentLoop(IGPOAgentLoop):
                                  "agent-loop worker runs all rollout.n sessions of a prompt together; the legacy "
                                  "trainer gives each sample to the loop alone.")
         groups = _groups()
-        key = (str(kwargs.get("uid")), _batch_key(kwargs))
+        key = (str(kwargs.get("uid")), batch_key(kwargs))
         session = int(kwargs["session_id"])
         group = groups.get(key)
         if group is None:
@@ -503,10 +499,7 @@ class ARPOAgentLoop(IGPOAgentLoop):
         try:
             if group.plain:
                 out = await super()._run(sampling_params, **kwargs)
-                out.extra_fields.update({
-                    "arpo_index": session, "arpo_parent": -1, "arpo_branch_pos": 0, "arpo_is_topup": False,
-                    "arpo_h_init": None, "arpo_delta_h": [], "arpo_unmeasured": 0, "arpo_rounds": 0,
-                    "arpo_prompt": key[0]})
+                out.extra_fields.update(BranchRecord(index=session, prompt=key[0]).to_extra_fields())
                 return out
             outputs = await asyncio.shield(group.tree)
             return outputs[session]

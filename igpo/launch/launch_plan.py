@@ -285,7 +285,7 @@ def check_algorithm(config: Any):
                               "reward.custom_reward_function.reward_kwargs.train_reward_type=f1.") from None
 
     estimator = str(config.algorithm.adv_estimator)
-    check_estimator(estimator)
+    check_estimator(estimator, config)
     trainer_mode = str((config.trainer.get("v1") or {}).get("trainer_mode", ""))
     check_trainer_mode(config, estimator, trainer_mode)
     if estimator == "infopo":
@@ -361,7 +361,9 @@ TURN_LEVEL_ESTIMATORS = ("igpo", "grpo_info_gain", "infopo")
 def check_trainer_mode(config: Any, estimator: str, trainer_mode: str) -> None:
     """IGPO's information gain and InfoPO's counterfactual are computed in ``igpo_sync`` only: refuse every other
     trainer (verl's ``sync``, ``colocate_async``, ``separate_async``, the legacy v0 trainer) rather than drop them."""
-    if estimator not in TURN_LEVEL_ESTIMATORS:
+    from igpo.integration.methods import METHODS
+
+    if estimator not in TURN_LEVEL_ESTIMATORS and estimator not in METHODS:
         return
     if not bool(config.trainer.get("use_v1", True)):
         raise ConfigError(f"algorithm.adv_estimator={estimator} with trainer.use_v1=false: the legacy trainer never "
@@ -377,16 +379,23 @@ def check_trainer_mode(config: Any, estimator: str, trainer_mode: str) -> None:
                           "baseline).")
 
 
-def check_estimator(name: str) -> None:
-    """``algorithm.adv_estimator`` must be ours or registered with verl; an unknown name would otherwise run IGPO."""
+def check_estimator(name: str, config: Any = None) -> None:
+    """``algorithm.adv_estimator`` must be a method (ours, or one from the modules ``algorithm.methods`` lists) or an
+    estimator registered with verl; an unknown name would otherwise run IGPO."""
     from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY
 
     import igpo.integration.estimator  # noqa: F401  (registers igpo / grpo_info_gain even where verl's plugins were not loaded)
+    from igpo.integration.methods import METHODS, load_methods
 
-    if name not in ADV_ESTIMATOR_REGISTRY:
+    try:
+        load_methods(config if config is not None else {"algorithm": {}})
+    except ImportError as error:
+        raise ConfigError(str(error)) from None
+    if name not in ADV_ESTIMATOR_REGISTRY and name not in METHODS:
         raise ConfigError(f"algorithm.adv_estimator={name!r} is not a registered advantage estimator; use igpo (or its "
-                          f"alias grpo_info_gain), infopo, grpo for the outcome-only baseline, or one of "
-                          f"{sorted(ADV_ESTIMATOR_REGISTRY)}.")
+                          f"alias grpo_info_gain), infopo, grpo for the outcome-only baseline, one of "
+                          f"{sorted(set(ADV_ESTIMATOR_REGISTRY) | set(METHODS))}, or list the module that registers "
+                          "it in algorithm.methods.")
 
 
 def check_infopo(config: Any, infopo: Any) -> tuple[bool, str]:

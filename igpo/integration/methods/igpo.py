@@ -1,0 +1,166 @@
+"""IGPO (``algorithm.adv_estimator=igpo``, alias ``grpo_info_gain``): information gain per turn plus the outcome,
+in a GRPO-style turn-level advantage (research/igpo.md). Rewards are placed at the recorded turn ends:
+
+    IG_j = v_{j+1} − v_prev   (igpo.core.info_gain)     on the last generated token of turn j
+    outcome (F1/judge), or the answer-format penalty    on the last generated token of the trajectory
+    format penalty of turn j                             on the last generated token of turn j (own channel, or
+                                                         in place of its IG with format_penalty_mode=in_ig_pool)
+
+as reward positions (``igpo.core.info_gain.turn_boundaries``; no [B, L] reward tensor is built), then
+``igpo.core.advantage.advantage_at_boundaries``. v is the policy's log-probability of the gold answer after each
+turn: scored by the rollout engine during the rollout (``score_on=rollout``) or here by the actor's packed scorer
+(``score_on=actor``). The warm-up gate (``ig_warmup_timing``) and the curriculum are applied here; the gate's state is
+saved with the checkpoint. An empty turn (an aborted generation) ends on its untrained end-of-turn token: its IG or
+penalty is a reward position outside the loss mask (``igpo/empty_turns``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import torch
+
+from igpo.config import IGPOConfig
+from igpo.core.advantage import WarmupGate, advantage_at_boundaries, curriculum_weights, last_response_token
+from igpo.core.ground_truth import answer_probes
+from igpo.core.info_gain import ig_by_answer_seen, penalty_into_ig_pool, reduce_alias_logprobs, scored_boundaries, \
+    turn_boundaries, turn_format_penalty, turn_information_gain
+from igpo.core.scoring import validate_request
+from igpo.integration.methods import Method, MethodResult, StepBatch, register_method
+
+logger = logging.getLogger(__name__)
+
+
+@register_method("igpo", "grpo_info_gain")
+class IGPOMethod(Method):
+    name = "igpo"
+    title = "IGPO turn-level"
+
+    def __init__(self, config: Any):
+        super().__init__(config)
+        self.igpo = IGPOConfig.from_algorithm(config.algorithm)
+        self.warmup = WarmupGate(self.igpo.ig_warmup_threshold, self.igpo.ig_warmup_ema_alpha,
+                                 self.igpo.ig_warmup_timing)
+        actor_scores = self.igpo.score_on == "actor" or self.igpo.verify_scoring
+        self.fields = ("prompts", "responses", "reward_model") if actor_scores else ()
+
+    def advantage(self, batch: StepBatch, scorer: Any) -> MethodResult:
+        """IGPO advantages and returns [B, L]. ``scorer`` (the actor's scoring passes) is used when the actor scores
+        the answer probes; None is fine with ``score_on=rollout``. A trajectory the infra policy masked gets no reward
+        position, so it is in no group's statistics, and a zero advantage; a masked turn loses its IG position and its
+        tokens' advantage."""
+        turns, infra, cfg = batch.turns, batch.infra, self.igpo
+        metrics: dict[str, float] = {}
+        B, L = batch.response_mask.shape
+        last = last_response_token(batch.response_mask)
+        has_tokens = last >= 0
+        outcome = batch.rm_scores.sum(-1)
+        num_turns, turn_ends, T = turns.num_turns, turns.turn_ends, turns.width
+        boundary_lp = turns.answer_logprobs(cfg.info_gain.answer_alias)
+        scored = torch.zeros(B, T, dtype=torch.bool)
+        for i, row in enumerate(scored_boundaries(turns.tool_names, cfg.info_gain, turns.tool_status)):
+            scored[i, :len(row)] = torch.tensor(row, dtype=torch.bool)
+        skipped = 0.0
+        if cfg.score_on == "actor":
+            boundary_lp, skipped = self._score_on_actor(batch, scorer, scored, metrics)
+        elif cfg.verify_scoring:
+            actor_lp, skipped = self._score_on_actor(batch, scorer, scored, metrics)
+            both = torch.isfinite(actor_lp) & torch.isfinite(boundary_lp)
+            diff = (actor_lp - boundary_lp).abs()[both]
+            metrics["igpo/scoring_rollout_vs_actor_max_abs_diff"] = float(diff.max()) if diff.numel() else float("nan")
+
+        # An outage's outcome says nothing about the policy: masked rows do not move the warm-up gate either.
+        counted = has_tokens & ~infra.rows
+        gate_open = self.warmup.update(float(outcome[counted].mean()) if bool(counted.any()) else 0.0)
+        ig, ig_turn_mask, ig_stats = turn_information_gain(boundary_lp.float(), scored, num_turns, cfg.info_gain)
+        # Turn j < N-1 ends on its last generated token; the final turn carries the outcome instead.
+        tool_turn = torch.arange(T - 1)[None, :] < (num_turns[:, None] - 1)
+        ig_stats.update(ig_by_answer_seen(ig, ig_turn_mask & tool_turn & turns.answer_known[:, :-1],
+                                          turns.answer_seen[:, :-1]))
+        penalty, answer_penalty = turn_format_penalty(turns.format_ok, num_turns, cfg.info_gain)
+        if not gate_open:
+            ig_turn_mask = torch.zeros_like(ig_turn_mask)
+            penalty = torch.zeros_like(penalty)
+            answer_penalty = torch.zeros_like(answer_penalty)
+
+        # The reference replaces the outcome by the answer-format penalty when the final answer is malformed.
+        outcome = torch.where(answer_penalty != 0, answer_penalty, outcome)
+        # Masked rows keep no reward position (no outcome, IG or penalty), masked turns no IG or penalty position.
+        signal_turn = tool_turn & ~infra.rows[:, None] & ~infra.turns[:, :-1]
+        ig_turn_mask = ig_turn_mask & signal_turn
+        tool_penalty = torch.where(signal_turn, penalty[:, :-1], 0.0)
+        if cfg.info_gain.format_penalty_mode == "in_ig_pool":
+            ig, ig_turn_mask, tool_penalty = penalty_into_ig_pool(ig, ig_turn_mask, tool_penalty)
+        last = torch.where(infra.rows, -1, last)
+        bounds = turn_boundaries(ig, ig_turn_mask, tool_penalty, turn_ends[:, :-1], outcome, last, infra.loss_mask)
+
+        w_outcome, w_ig = curriculum_weights(batch.step, batch.total_steps, cfg.curriculum, ig_active=gate_open)
+        # Empty turns (aborted generations) end on untrained tokens; their rewards still count (masked_turns_ok).
+        advantages, returns, adv_metrics = advantage_at_boundaries(
+            bounds, infra.loss_mask, batch.group, cfg.advantage, outcome_weight=w_outcome, ig_weight_schedule=w_ig,
+            masked_turns_ok=True)
+        metrics["igpo/empty_turns"] = float(sum(r.empty_turns for r in turns.records))
+        metrics.update(adv_metrics)
+        metrics.update({f"igpo/{k}": v for k, v in ig_stats.items()})
+        # Samples the actor could not score (bad probe, context window) are scoring errors too, whichever side scored.
+        metrics["igpo/scoring_errors"] = float(sum(r.scoring_errors for r in turns.records)) + skipped
+        metrics["igpo/ig_gate_active"] = float(gate_open)
+        metrics["igpo/outcome_score_ema"] = float(self.warmup.ema if self.warmup.ema is not None else 0.0)
+        if cfg.curriculum.enabled:
+            metrics["curriculum/f1_weight"], metrics["curriculum/ig_weight"] = w_outcome, w_ig
+        return MethodResult(advantages, returns, metrics, turn_values=ig[ig_turn_mask])
+
+    def _score_on_actor(self, batch: StepBatch, scorer: Any, scored: torch.Tensor,
+                        metrics: dict) -> tuple[torch.Tensor, float]:
+        """(answer log-probs per boundary [B, T], aliases reduced; samples not scored) from the actor's packed
+        scorer. A sample whose probe or context does not fit is not scored (a warning; it gets no IG)."""
+        started = time.perf_counter()
+        prompts, responses = batch.fields["prompts"], batch.fields["responses"]
+        reward_models = batch.fields["reward_model"]
+        # The agent loop's frame: the probe ends with the same end-of-turn text the rollout used.
+        template = self.igpo.scoring.answer_template(scorer.frame.eot_text)
+        B, T = scored.shape
+        requests, owners, skipped = [], [], 0
+        for i, record in enumerate(batch.turns.records):
+            n = int(batch.turns.num_turns[i])
+            boundaries = record.boundaries[:n]
+            chosen = [s for s in range(min(n, len(boundaries))) if scored[i, s]]
+            if not chosen:
+                continue
+            trajectory = torch.cat([prompts[i], responses[i]]).tolist()
+            try:
+                probes = answer_probes(scorer.tokenizer, (reward_models[i] or {}).get("ground_truth"), template,
+                                       self.igpo.info_gain.answer_alias)
+                validate_request(len(trajectory), [boundaries[s] for s in chosen], probes, scorer.max_positions)
+            except (TypeError, ValueError) as error:
+                skipped += 1
+                logger.warning("igpo: sample %d is not scored (%s); it gets no information gain", i, error)
+                continue
+            requests.append({"trajectory_ids": trajectory, "boundaries": [boundaries[s] for s in chosen],
+                             "probes": [{"token_ids": p.token_ids, "span": list(p.span)} for p in probes]})
+            owners.append((i, chosen, len(probes)))
+        aliases = max([n_probes for _, _, n_probes in owners], default=1)
+        out = torch.full((B, T, aliases), float("nan"), dtype=torch.float64)
+        alias_ok = torch.zeros(B, aliases, dtype=torch.bool)
+        results = scorer.score_answers(requests)
+        for r, (i, chosen, n_probes) in enumerate(owners):
+            out[i, chosen, :n_probes] = torch.tensor(results[r], dtype=torch.float64)  # [K, P]
+            alias_ok[i, :n_probes] = True
+        tokens = sum(len(r["trajectory_ids"]) + len(r["boundaries"]) * sum(len(p["token_ids"]) for p in r["probes"])
+                     for r in requests)
+        metrics["igpo/scoring_tokens"] = float(tokens)
+        metrics["igpo/scoring_skipped"] = float(skipped)
+        metrics["timing_s/igpo_scoring"] = time.perf_counter() - started
+        return reduce_alias_logprobs(out, alias_ok, self.igpo.info_gain.answer_alias), float(skipped)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"warmup_gate": self.warmup.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.warmup.load_state_dict(state.get("warmup_gate", {}))
+
+    def report(self, step: int, total_steps: int) -> dict[str, Any]:
+        w_outcome, w_ig = curriculum_weights(step, total_steps, self.igpo.curriculum, ig_active=self.warmup.active)
+        return {"warmup_gate": self.warmup.state_dict(), "curriculum": [w_outcome, w_ig]}

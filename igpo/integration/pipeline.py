@@ -1,0 +1,97 @@
+"""One step of the advantage pipeline, without Ray or TransferQueue (the trainer fetches and writes back around it;
+tests call it directly):
+
+    turn records -> TurnBatch -> infra-failure policy -> method.advantage -> rollout metrics -> ARPO attribution
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from igpo.agent.records import TurnBatch, TurnRecord
+from igpo.core.infra import InfraMask, infra_mask
+from igpo.integration import histograms as hist
+from igpo.integration.branching import hard_attribution
+from igpo.integration.methods import Method, StepBatch
+from igpo.integration.rollout_metrics import rollout_metrics
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class StepOutput:
+    advantages: torch.Tensor
+    returns: torch.Tensor
+    infra: InfraMask
+    turns: TurnBatch
+    metrics: dict[str, float]
+    turn_values: torch.Tensor | None
+
+
+def group_ids(uids: Sequence) -> torch.Tensor:
+    """[B] dense group ids, one per prompt uid, in order of first appearance."""
+    group_of: dict = {}
+    return torch.tensor([group_of.setdefault(u, len(group_of)) for u in uids], dtype=torch.long)
+
+
+def resolve_infra_policy(method, chosen: str | None, estimator: str) -> str:
+    """``algorithm.igpo.infra_failure`` resolved for the method (unset: mask_trajectory where the method can leave a
+    trajectory out of its statistics; keep for verl's stock estimators, which cannot)."""
+    if method.masks_infra:
+        return chosen or "mask_trajectory"
+    if chosen not in (None, "keep"):
+        raise ValueError(
+            f"algorithm.igpo.infra_failure={chosen} is not supported with algorithm.adv_estimator={estimator}: "
+            "verl's estimator computes its group statistics itself and cannot leave a trajectory out of them. "
+            "Use adv_estimator=igpo or infopo, or set algorithm.igpo.infra_failure=keep.")
+    logger.warning("igpo_sync: adv_estimator=%s trains on trajectories with infrastructure failures "
+                   "(algorithm.igpo.infra_failure=keep; masking them needs adv_estimator=igpo or infopo); they "
+                   "are counted in igpo/infra_errors", estimator)
+    return "keep"
+
+
+def apply_infra_policy(turns: TurnBatch, response_mask: torch.Tensor, policy: str, metrics: dict,
+                       step: Any = "?") -> InfraMask:
+    """What ``policy`` (``algorithm.igpo.infra_failure``) takes out of this batch (``igpo.core.infra``), with its
+    two counters."""
+    mask = infra_mask(turns.infra_failed, turns.num_turns, turns.turn_ends, response_mask, policy)
+    metrics["igpo/infra_masked_trajectories"] = float(mask.rows.sum())
+    metrics["igpo/infra_masked_turns"] = float(mask.turns.sum())
+    if len(turns.records) and bool(mask.rows.all()):
+        # The actor's token-mean loss is then 0/0; verl skips an update whose gradient norm is not finite.
+        logger.warning("igpo: every trajectory of step %s hit an infrastructure failure and is masked "
+                       "(algorithm.igpo.infra_failure=%s): this step trains nothing; check the tool server", step,
+                       policy)
+    return mask
+
+
+def advantage_step(method: Method, records: Sequence[TurnRecord], uids: Sequence, response_mask: torch.Tensor,
+                   rm_scores: torch.Tensor, *, infra_failure: str = "mask_trajectory", scorer: Any = None,
+                   fields: dict | None = None, step: int = 0, total_steps: int = 0, epoch: int = 0,
+                   arpo_hard: bool = False, histograms: hist.StepHistograms | None = None) -> StepOutput:
+    """Advantages and returns [B, L] of one step from the agent loop's ``records``, the prompt ``uids``, the stored
+    ``response_mask`` [B, L] and ``rm_scores`` [B, L]; ``fields``: the method's own fields; ``histograms``: where
+    the step's turn values, advantages and turn counts are recorded (``trainer.histograms``)."""
+    metrics: dict[str, float] = {}
+    response_mask = response_mask.bool()
+    turns = TurnBatch.from_records(records, response_mask.shape[1])
+    infra = apply_infra_policy(turns, response_mask, infra_failure, metrics, step)
+    batch = StepBatch(turns, list(uids), group_ids(uids), response_mask, rm_scores.float(), infra,
+                      fields=dict(fields or {}), step=step, total_steps=total_steps, epoch=epoch)
+    result = method.advantage(batch, scorer)
+    metrics.update(rollout_metrics(turns.records, turns.num_turns))
+    metrics.update(result.metrics)
+    advantages = result.advantages
+    if arpo_hard:
+        advantages = hard_attribution(advantages, response_mask, list(uids), turns, metrics)
+    if histograms is not None:
+        if result.turn_values is not None:
+            histograms.record(hist.TURN_IG, result.turn_values)
+        histograms.record(hist.ADVANTAGE, advantages[infra.loss_mask])
+        histograms.record(hist.TURNS, turns.num_turns)
+    return StepOutput(advantages, result.returns, infra, turns, metrics, result.turn_values)

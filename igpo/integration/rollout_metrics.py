@@ -1,0 +1,43 @@
+"""Rollout health metrics of one training step, from the agent loop's turn records (every method, verl's too)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from igpo.agent.records import TurnRecord
+from igpo.core import arpo as arpo_core
+from igpo.core.health import turn_health
+
+
+def rollout_metrics(records: Sequence[TurnRecord], num_turns: torch.Tensor) -> dict[str, float]:
+    """Infra errors (not the model's fault), forced finals, cut-offs, truncations, boundaries the rollout could not
+    score (score_on=rollout), trajectories the engine refused as too long, tool calls, and ``arpo/*`` when the
+    arpo_agent loop branched."""
+    records = list(records)
+
+    def share(flag: str) -> float:
+        return float(np.mean([bool(getattr(r, flag)) for r in records])) if records else 0.0
+
+    def total(count: str) -> float:
+        return float(sum(int(getattr(r, count) or 0) for r in records))
+
+    # Every turn that called a tool (malformed and answer turns excluded): what ARPO claims to halve vs GRPO, and
+    # the infra breaker's denominator.
+    calls = [sum(name is not None for name in r.tool_names) for r in records]
+    branches = [r.branch.to_extra_fields() for r in records if r.branch is not None]
+    return {
+        **arpo_core.step_metrics(branches),
+        "igpo/turns_mean": float(num_turns.float().mean()) if len(num_turns) else 0.0,
+        "igpo/tool_calls_per_trajectory": float(np.mean(calls)) if records else 0.0,
+        "igpo/infra_errors": total("infra_errors"),
+        "igpo/tool_calls": float(sum(calls)),
+        "igpo/scoring_errors": total("scoring_errors"),
+        "igpo/forced_final_ratio": share("forced_final"),
+        "igpo/cutoff_ratio": share("cutoff"),
+        "igpo/truncated_ratio": share("truncated"),
+        "igpo/context_overflow_ratio": share("context_overflow"),
+        **turn_health(r.tool_status for r in records),
+    }
