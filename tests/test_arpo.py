@@ -19,6 +19,7 @@ from igpo.core.arpo import (
     branch_probability,
     hard_attribution,
     initial_trajectories,
+    may_branch_at,
     plan_round,
     prefix_identical,
     share_counts,
@@ -26,6 +27,7 @@ from igpo.core.arpo import (
     shared_turn_weights,
     soft_group_ids,
     step_entropy,
+    step_metrics,
     token_entropy,
     with_initial_entropy,
 )
@@ -39,7 +41,21 @@ NEG = -math.inf
 def test_config_defaults_are_the_shipped_deep_search_script():
     cfg = ARPOConfig()
     assert (cfg.rollouts_per_prompt, cfg.initial_rollouts, cfg.branch_factor) == (16, 8, 2)
-    assert (cfg.branch_probability, cfg.entropy_weight, cfg.entropy_tokens, cfg.top_k) == (0.5, 0.2, 20, 10)
+    # β 0.77 on this ΔH (mean normalised entropy, [−1, 1]) is the reference's 0.2 on its summed entropy
+    assert (cfg.branch_probability, cfg.entropy_weight, cfg.entropy_tokens, cfg.top_k) == (0.5, 0.77, 20, 10)
+    assert cfg.entropy_weight == pytest.approx(0.2 * 20 * math.log(10) / math.log(151_665), abs=0.005)
+
+
+def test_one_beta_scale_the_yaml_defaults_are_the_dataclass_defaults():
+    from pathlib import Path
+
+    import yaml
+
+    section = yaml.safe_load((Path(__file__).parents[1] / "configs" / "igpo_base.yaml").read_text())["algorithm"]["arpo"]
+    cfg = ARPOConfig()
+    for key in ("enabled", "branch_factor", "branch_probability", "entropy_weight", "entropy_tokens", "top_k",
+                "attribution"):
+        assert section[key] == getattr(cfg, key), key
 
 
 @pytest.mark.parametrize("kwargs, words", [
@@ -109,8 +125,8 @@ def test_step_entropy_is_the_mean_over_the_first_k_tokens():
 
 
 def test_branch_probability_table():
-    """Spec 2.4: τ = 0.5, β = 0.2."""
-    cfg = ARPOConfig()
+    """Spec 2.4: τ = 0.5, β = 0.2 (the formula; on the reference's summed-entropy scale)."""
+    cfg = ARPOConfig(entropy_weight=0.2)
     delta = torch.tensor([0.0, 0.5, -1.0, 2.5, 3.0, -3.0])
     assert branch_probability(delta, cfg).tolist() == pytest.approx([0.5, 0.6, 0.3, 1.0, 1.0, 0.0])
     with pytest.raises(ValueError, match="NaN"):
@@ -136,7 +152,7 @@ def test_branching_is_deterministic_under_a_seed_and_per_trajectory():
 
 
 def test_branch_acceptance_rate_follows_p():
-    cfg = ARPOConfig(enabled=True)
+    cfg = ARPOConfig(enabled=True, entropy_weight=0.2)  # P = clip(0.5 + 0.2 ΔH): 0.3 at ΔH = −1
     hits = torch.stack([branch_attempts(range(16), torch.full((16,), -1.0), cfg, step=s, rank=0, prompt=p, round_=0)
                         for s in range(25) for p in range(10)])
     assert float(hits.double().mean()) == pytest.approx(0.3, abs=0.03)
@@ -355,18 +371,20 @@ def test_hard_attribution_hand_case():
     adv = torch.tensor([3.0, 5.0, 1.0, -6.0, -5.0, 2.0])[:, None].expand(6, L).clone()
     mask = torch.ones(6, L, dtype=torch.bool)
     hard = hard_attribution(adv, mask, group, index, parent, pos)
+    t = 1 / 3
     expect = torch.tensor([
-        [2, 2, 2.5, 2.5, 3, 3],   # g0/2: shared with 0, 1 on [0, 2), with 1 on [2, 4)
-        [0, 0, 0, 5, 5, 5],       # g1/1: mean(5, -5) on [0, 3)
-        [2, 2, 1, 1, 1, 1],       # g0/0: mean(1, 2, 3) on [0, 2)
-        [-6] * 6,                 # g0/3: a top-up shares nothing
-        [0, 0, 0, -5, -5, -5],    # g1/0
-        [2, 2, 2.5, 2.5, 2, 2],   # g0/1
+        [2 * t, 2 * t, 1.25, 1.25, 3, 3],   # g0/2: mean(1, 2, 3) / 3 on [0, 2), mean(2, 3) / 2 on [2, 4)
+        [0, 0, 0, 5, 5, 5],                 # g1/1: mean(5, -5) / 2 on [0, 3)
+        [2 * t, 2 * t, 1, 1, 1, 1],         # g0/0
+        [-6] * 6,                           # g0/3: a top-up shares nothing
+        [0, 0, 0, -5, -5, -5],              # g1/0
+        [2 * t, 2 * t, 1.25, 1.25, 2, 2],   # g0/1
     ])
     assert torch.allclose(hard, expect)
-    # hard re-splits, never changes, the advantage summed over the copies of a position
-    for g in (0, 1):
-        assert torch.allclose(hard[group == g].sum(0), adv[group == g].sum(0))
+    # the copies of a shared token sum to ONE token with its sharers' mean advantage (soft: |S| tokens, their sum)
+    assert float(hard[[0, 2, 5], 0].sum()) == pytest.approx((3 + 1 + 2) / 3)
+    assert float(hard[[0, 5], 2].sum()) == pytest.approx((3 + 2) / 2)
+    assert float(hard[[1, 4], 1].sum()) == pytest.approx(0.0)
     assert share_counts(group, index, parent, pos, L).tolist() == [
         [3, 3, 2, 2, 1, 1], [2, 2, 2, 1, 1, 1], [3, 3, 1, 1, 1, 1], [1] * 6, [2, 2, 2, 1, 1, 1], [3, 3, 2, 2, 1, 1]]
 
@@ -419,3 +437,38 @@ def test_config_defaults_n_to_half_of_m_and_checks_attribution():
     assert ARPOConfig.from_dict({"attribution": "hard"}).attribution == "hard"
     with pytest.raises(ValueError, match="arpo.attribution='shared' is unknown"):
         ARPOConfig(attribution="shared")
+
+
+# ---- one round of branching per tool result ----------------------------------------------------------------------
+
+
+def test_a_branch_is_no_source_at_its_own_branch_point():
+    """Nested tree: 0 root; 1 branch of 0 at 5; 2 branch of 1 at 9 (1's own later tool result) is fine; 1 at 5 is
+    not (its first turn starts at the tool result 0 already branched from)."""
+    cfg = ARPOConfig(enabled=True, rollouts_per_prompt=4, initial_rollouts=1)
+    root = ARPOTrajectory(index=0, h_init=0.2)
+    t = apply_plan([root], RoundPlan(branch_sources=(0,)), response_lengths=[5])
+    assert t[1] == ARPOTrajectory(index=1, parent=0, branch_pos=5, h_init=0.2)
+    assert may_branch_at(root, 5) and may_branch_at(root, 0)  # a root has no branch point of its own
+    assert not may_branch_at(t[1], 5) and may_branch_at(t[1], 9)
+    with pytest.raises(ValueError, match="asked to branch at that same tool result"):
+        apply_plan(t, RoundPlan(branch_sources=(1,)), response_lengths=[12, 5])
+    t = apply_plan(t, RoundPlan(branch_sources=(1, 0)), response_lengths=[12, 9])
+    assert [(r.parent, r.branch_pos) for r in t] == [(-1, 0), (0, 5), (1, 9), (0, 12)]
+    assert branch_metadata(t, cfg)["arpo_parent"].tolist() == [-1, 0, 1, 0]
+
+
+def _fields(prompt, index, parent, pos):
+    return {"arpo_prompt": prompt, "arpo_index": index, "arpo_parent": parent, "arpo_branch_pos": pos,
+            "arpo_is_topup": False, "arpo_delta_h": [], "arpo_unmeasured": 0}
+
+
+def test_rebranch_metric_counts_branches_of_branches_at_the_same_point():
+    # prompt a: 1 = branch of 0 at 5; 2 = branch of 1 at 5 (a rebranch); 3 = branch of 2 at 9 (nested, fine)
+    # prompt b: the same indices, 1 = branch of 0 at 5, 2 = branch of 1 at 7: no rebranch (a different point)
+    rows = [_fields("a", 0, -1, 0), _fields("a", 1, 0, 5), _fields("a", 2, 1, 5), _fields("a", 3, 2, 9),
+            _fields("b", 0, -1, 0), _fields("b", 1, 0, 5), _fields("b", 2, 1, 7), _fields("b", 3, 0, 5)]
+    stats = step_metrics(rows[::-1])  # rows in any order (verl's balance_batch)
+    assert stats["arpo/rebranch_same_point"] == 1.0 and stats["arpo/nested_branches"] == 3.0
+    assert stats["arpo/branches_per_prompt"] == 3.0
+    assert step_metrics(rows[4:])["arpo/rebranch_same_point"] == 0.0

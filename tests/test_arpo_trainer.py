@@ -76,3 +76,70 @@ def test_launch_checks_switch_the_loop_and_refuse_what_cannot_branch():
     for key, (value, message) in cases.items():
         with pytest.raises(ConfigError, match=message):
             check(_launch_config(**{key: value}))
+
+
+# ---- soft vs hard attribution through verl's policy loss ----------------------------------------------------------
+
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
+
+
+def _pg_grad(token_of, theta_old, advantages, mask, mode):
+    """d loss / d θ of verl's clipped PPO loss (compute_policy_loss_vanilla, its agg_loss) where row b, position p
+    holds token ``token_of[b, p]`` of the distinct-token log-probs θ: the copies of a shared token are one parameter,
+    as the copies of a shared prefix are one context of the policy."""
+    from verl.trainer.ppo.core_algos import compute_policy_loss_vanilla
+
+    config = OmegaConf.create({"clip_ratio": 0.2, "clip_ratio_low": 0.2, "clip_ratio_high": 0.2, "clip_ratio_c": 3.0,
+                               "global_batch_info": {}})
+    theta = (theta_old + 0.05 * torch.sin(torch.arange(theta_old.numel(), dtype=torch.float64))).requires_grad_()
+    loss, _ = compute_policy_loss_vanilla(theta_old[token_of], theta[token_of], advantages, mask,
+                                          loss_agg_mode=mode, config=config)
+    loss.backward()
+    return theta.grad
+
+
+def _toy_group():
+    """One prompt, three trajectories of 4 response tokens: 0 a root; 1 branched from 0 after 2 tokens (shares
+    tokens 0, 1); 2 a root. Distinct tokens 0..9."""
+    token_of = torch.tensor([[0, 1, 2, 3], [0, 1, 4, 5], [6, 7, 8, 9]])
+    adv = torch.tensor([1.0, -0.5, 0.3], dtype=torch.float64)[:, None].expand(3, 4).clone()
+    mask = torch.ones(3, 4, dtype=torch.float64)
+    theta_old = -torch.linspace(0.5, 2.0, 10, dtype=torch.float64)
+    return token_of, adv, mask, theta_old
+
+
+def test_soft_and_hard_give_different_gradients_on_shared_tokens_and_equal_ones_elsewhere():
+    token_of, adv, mask, theta_old = _toy_group()
+    uids = ["q"] * 3
+    tree = _turns([_record(0), _record(1, parent=0, pos=2), _record(2)])
+    hard_adv = hard_attribution(adv, mask, uids, tree)
+    shared, own = [0, 1], [2, 3, 4, 5, 6, 7, 8, 9]
+    for mode in LOSS_AGG_MODES:
+        soft = _pg_grad(token_of, theta_old, adv, mask, mode)
+        hard = _pg_grad(token_of, theta_old, hard_adv, mask, mode)
+        assert torch.allclose(soft[own], hard[own], rtol=0, atol=1e-15), mode
+        # soft trains a token shared by |S| = 2 trajectories twice (the sum of their advantages); hard once (the mean)
+        assert torch.allclose(soft[shared], 2 * hard[shared], rtol=1e-12), mode
+        assert not torch.allclose(soft[shared], hard[shared]), mode
+    # seq-mean-token-sum: hard is exactly the de-duplicated batch, where the shared tokens appear once (in row 0)
+    # with the mean advantage of their sharers; token-mean: the same up to the token count N (12 vs 10)
+    dedup_adv, dedup_mask = adv.clone(), mask.clone()
+    dedup_adv[0, :2] = (1.0 - 0.5) / 2
+    dedup_mask[1, :2] = 0
+    hard = _pg_grad(token_of, theta_old, hard_adv, mask, "seq-mean-token-sum")
+    assert torch.allclose(hard, _pg_grad(token_of, theta_old, dedup_adv, dedup_mask, "seq-mean-token-sum"), atol=1e-15)
+    hard = _pg_grad(token_of, theta_old, hard_adv, mask, "token-mean")
+    dedup = _pg_grad(token_of, theta_old, dedup_adv, dedup_mask, "token-mean")
+    assert torch.allclose(hard * 12, dedup * 10, atol=1e-14)
+
+
+def test_soft_and_hard_give_equal_gradients_when_no_token_is_shared():
+    token_of, adv, mask, theta_old = _toy_group()
+    token_of[1, :2] = torch.tensor([10, 11])  # trajectory 1 is a root now: nothing shared
+    theta_old = torch.cat([theta_old, torch.tensor([-0.7, -1.1], dtype=torch.float64)])
+    roots = _turns([_record(0), _record(1), _record(2)])
+    hard_adv = hard_attribution(adv, mask, ["q"] * 3, roots)
+    assert torch.equal(hard_adv, adv)
+    for mode in LOSS_AGG_MODES:
+        assert torch.equal(_pg_grad(token_of, theta_old, adv, mask, mode),
+                           _pg_grad(token_of, theta_old, hard_adv, mask, mode)), mode

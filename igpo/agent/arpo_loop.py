@@ -19,7 +19,9 @@ its next turn, or finishes. After the round (``igpo.core.arpo`` has the formulas
 * ``branch_attempts`` (seeded by seed, step, worker rank, prompt index, round) and ``plan_round`` decide the
   branches; a branch copies the source's tape up to that tool result and replays it (recorded generations and tool
   results, no engine or tool call), so its ids and masks equal the source's on [0, ``arpo_branch_pos``) by
-  construction (checked at the end), then samples its own turn j; the source keeps its own turn j;
+  construction (checked at the end), then samples its own turn j; the source keeps its own turn j. That turn j of the
+  branch is not measured and cannot branch (``core.may_branch_at``): each tool result gets one round of at most Z − 1
+  new paths, from the trajectory that reached it first; the branch may branch from its own later tool results;
 * when nothing runs and fewer than M exist, all the missing ones start as fresh top-ups in that round.
 
 Entropy source. verl's vLLM server returns only the sampled token's log-prob for generated tokens, so the top-K
@@ -336,6 +338,8 @@ class PromptTree:
         if m.released is None:
             return None
         boundary, start = m.released
+        if not core.may_branch_at(m.record, boundary - m.prompt_len):
+            return None  # a branch's own first turn: its tool result had its round of branching (no prefill spent)
         turn = [e for e in m.events[start:] if e.kind == "gen" and e.prompt_len == boundary]
         first = boundary == m.prompt_len and m.record.parent < 0
         if not first and m.record.h_init is None:

@@ -24,12 +24,24 @@ Symbols (one prompt; M = rollouts per prompt, N initial samples, Z branch factor
                     S(i, p) = {j : D(i, j) > p}; positions p < D are token-identical (prefix identity).
     soft            Â_{i,p} = plain GRPO/IGPO over the M trajectories of the prompt (one group); a prefix shared by d
                     trajectories gets d copies of the gradient, i.e. d · mean advantage (implicit attribution).
-    hard            Â^hard_{i,p} = (1/|S(i,p)|) Σ_{j∈S(i,p)} Â_{j,p}: every copy of a shared token carries the mean
-                    advantage of the trajectories that share it; Â^hard = Â where |S| = 1 (so nothing branched ⇒ equal).
+    hard            Â^hard_{i,p} = (1/|S(i,p)|) · mean_{j∈S(i,p)} Â_{j,p} = Σ_{j∈S(i,p)} Â_{j,p} / |S(i,p)|²: every copy
+                    carries the mean advantage of the trajectories that share the token, divided by |S| so that the
+                    |S| copies together are ONE token with the mean advantage (Σ over the copies = mean_j Â_{j,p});
+                    Â^hard = Â where |S| = 1 (so nothing branched ⇒ equal to soft).
+    the loss        the copies of a shared token have one context, so one ratio ρ; verl's clipped PPO loss is linear in
+                    the advantage for a given ρ and sign of A, so the copies' gradients add like their advantages.
+                    With verl's loss_agg_mode, a shared token then weighs (soft: |S| tokens):
+                    token-mean           1 token, over N = every trained token of the mini-batch, copies included (the
+                                         relative weights are those of the de-duplicated batch, the scale N_distinct/N);
+                    seq-mean-token-sum   1 token: exactly the de-duplicated batch's sum, over B sequences;
+                    seq-mean-token-mean  1 token weighted mean_{j∈S}(1/n_j) (n_j: row j's trained tokens), i.e. the
+                                         mean of its sharers' per-sequence weights.
+                    Copies that verl's mini-batch split puts in different updates add up only to first order.
 
-Scale of β: the reference sums 20 top-10 entropies and divides by log |V|, so its ΔH spans ≈ [−4, 4]; here ΔH
-lies in [−1, 1]. β = 0.2 (the paper's value) is therefore gentler here: with 20 measured tokens and Qwen2.5's
-|V| ≈ 151,665 the reference's sensitivity corresponds to β ≈ 0.2 · 20 · log 10 / log |V| ≈ 0.77.
+Scale of β (the one place it is stated; configs/igpo_base.yaml uses the same value): the reference sums 20 top-10
+entropies and divides by log |V|, so its ΔH spans ≈ [−4, 4]; here ΔH is a mean of entropies normalised by log K and
+lies in [−1, 1]. The reference's β = 0.2 on its scale corresponds here, with 20 measured tokens and Qwen2.5's
+|V| ≈ 151,665, to β ≈ 0.2 · 20 · log 10 / log |V| ≈ 0.77: the default (``ARPOConfig.entropy_weight``).
 
 Everything here is plain Python and tensors in, tensors out: the agent loop keeps one list of ``ARPOTrajectory``
 records per prompt and step (created fresh every step, so no entropy leaks across steps or prompts).
@@ -51,7 +63,8 @@ ATTRIBUTIONS = ("soft", "hard")
 
 @dataclass(frozen=True)
 class ARPOConfig:
-    """``arpo``: every ARPO rollout knob. Defaults are the shipped 8B deep-search script (M 16, N 8, Z 2, τ 0.5, β 0.2).
+    """``arpo``: every ARPO rollout knob. Defaults are the shipped 8B deep-search script (M 16, N 8, Z 2, τ 0.5, β 0.2
+    on the reference's summed entropy, which is β 0.77 on this module's ΔH: module docstring).
 
     enabled: branch rollouts (False: plain sampling, the other knobs are still validated).
     rollouts_per_prompt: M, the number of trajectories each prompt ends with (the GRPO group size; reference
@@ -61,14 +74,15 @@ class ARPOConfig:
     branch_factor: Z; an eligible trajectory tries Z − 1 branches per round (reference ``beam_size``). Z = 1 never
         branches: the M − N slots are then all top-ups, started once the N samples finished.
     branch_probability: τ, the branch probability at ΔH = 0 (the paper's base rate).
-    entropy_weight: β in P = clip(τ + β·ΔH, 0, 1); ΔH here lies in [−1, 1] (see the module docstring for the scale
-        against the reference's summed entropy).
+    entropy_weight: β in P = clip(τ + β·ΔH, 0, 1); ΔH here lies in [−1, 1]. 0.77 = the reference's 0.2 on its summed
+        entropy (module docstring, "Scale of β"); 0 branches at the flat rate τ.
     entropy_tokens: k, how many generated tokens after a tool result (and at the start of the first turn) are
         measured (reference 20).
     top_k: K, how many log-probs per position the engine returns (reference 10); also the normaliser log K.
     seed: base seed of the branching draws; a step's draws are keyed by (seed, step, rank, prompt, round).
-    attribution: ``soft`` (plain GRPO/IGPO over the branched group, the paper's default) or ``hard`` (every copy of a
-        shared token gets the mean advantage of the trajectories sharing it, ``hard_attribution``).
+    attribution: ``soft`` (plain GRPO/IGPO over the branched group, the paper's default: a token shared by |S|
+        trajectories is trained |S| times) or ``hard`` (every copy of a shared token gets the mean advantage of the
+        trajectories sharing it divided by |S|, so the token is trained once: ``hard_attribution``).
     """
 
     enabled: bool = False
@@ -76,7 +90,7 @@ class ARPOConfig:
     initial_rollouts: int = 8
     branch_factor: int = 2
     branch_probability: float = 0.5
-    entropy_weight: float = 0.2
+    entropy_weight: float = 0.77
     entropy_tokens: int = 20
     top_k: int = 10
     seed: int = 0
@@ -103,8 +117,8 @@ class ARPOConfig:
                              "(reference 0.5).")
         if not (isinstance(self.entropy_weight, (int, float)) and not isinstance(self.entropy_weight, bool)
                 and math.isfinite(self.entropy_weight) and self.entropy_weight >= 0):
-            raise ValueError(f"arpo.entropy_weight={self.entropy_weight!r} must be a finite number >= 0 (paper 0.2; "
-                             "0 branches at the flat rate branch_probability).")
+            raise ValueError(f"arpo.entropy_weight={self.entropy_weight!r} must be a finite number >= 0 (default 0.77, "
+                             "the paper's 0.2 on this ΔH scale; 0 branches at the flat rate branch_probability).")
 
     @classmethod
     def from_dict(cls, section: Mapping[str, Any]) -> "ARPOConfig":
@@ -254,6 +268,17 @@ class RoundPlan:
     topups: int = 0
 
 
+def may_branch_at(trajectory: ARPOTrajectory, point: int) -> bool:
+    """Whether ``trajectory`` may become a branch source at the tool result ending at response token ``point``.
+
+    A branch starts AT its ``branch_pos`` (the tool result it was copied through) and samples its own turn there: that
+    tool result already had its round of branching (its source made up to Z − 1 new paths from it), so the branch's
+    first turn is neither measured nor a branch point. Otherwise one tool result would get more than Z − 1 new paths
+    (branches of branches at the same position, each round one more). Any later tool result of the branch may branch.
+    """
+    return not (trajectory.parent >= 0 and int(point) == trajectory.branch_pos)
+
+
 def initial_trajectories(cfg: ARPOConfig) -> list[ARPOTrajectory]:
     """The N initial samples of one prompt at the start of a step (a fresh list every step: nothing carries over)."""
     return [ARPOTrajectory(index=i) for i in range(cfg.initial_rollouts)]
@@ -322,6 +347,10 @@ def apply_plan(trajectories: Sequence[ARPOTrajectory], plan: RoundPlan,
         src = trajectories[source]
         if src.h_init is None:
             raise ValueError(f"source {source} has no H_init: measure a trajectory's first turn before it can branch.")
+        if not may_branch_at(src, response_lengths[source]):
+            raise ValueError(f"source {source} is a branch of {src.parent} starting at response token {src.branch_pos} "
+                             f"and was asked to branch at that same tool result; a branch's first turn is not a branch "
+                             "point (may_branch_at): leave it out of the round's eligible trajectories.")
         out.append(ARPOTrajectory(index=len(out), parent=source, branch_pos=int(response_lengths[source]),
                                   h_init=src.h_init))
     out += [ARPOTrajectory(index=len(out) + q, is_topup=True) for q in range(plan.topups)]
@@ -452,9 +481,11 @@ def share_counts(group: Tensor, index: Tensor, parent: Tensor, branch_pos: Tenso
 
 def hard_attribution(advantages: Tensor, response_mask: Tensor, group: Tensor, index: Tensor, parent: Tensor,
                      branch_pos: Tensor) -> Tensor:
-    """``arpo_hard``: Â^hard_{i,p} = mean_{j∈S(i,p)} Â_{j,p} from per-trajectory token advantages [B, L].
+    """``arpo_hard``: Â^hard_{i,p} = mean_{j∈S(i,p)} Â_{j,p} / |S(i,p)| from per-trajectory token advantages [B, L].
 
-    Positions only row i owns keep Â_{i,p} exactly (so nothing branched ⇒ the input unchanged). The shared prefixes
+    The copies of a shared token sum to the sharers' mean advantage: the token is trained once (module docstring, "the
+    loss", for what each of verl's loss_agg_modes makes of it); soft attribution trains it |S| times. Positions only
+    row i owns keep Â_{i,p} exactly (so nothing branched ⇒ the input unchanged). The shared prefixes
     must carry the same response mask in every copy (else the metadata is wrong: raises). Cost: one [m, m] × [m, b−a]
     product per stretch of fixed sharing, per group that branched.
     """
@@ -476,7 +507,7 @@ def hard_attribution(advantages: Tensor, response_mask: Tensor, group: Tensor, i
         for a, b, E in _segments(D):
             count = E.sum(1, keepdim=True)
             own = block[:, a:b].double()
-            block[:, a:b] = torch.where(count > 1, (E.double() / count) @ own, own).to(advantages.dtype)
+            block[:, a:b] = torch.where(count > 1, (E.double() / count ** 2) @ own, own).to(advantages.dtype)
         out.index_copy_(0, rows, block)
     return out
 
@@ -512,19 +543,33 @@ def shared_turn_weights(turn_end: Tensor, turn_valid: Tensor, group: Tensor, ind
 
 def step_metrics(records: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     """``arpo/*`` metrics of one training step from each trajectory's record (the agent loop's extra fields):
-    ``arpo_parent``, ``arpo_is_topup``, ``arpo_delta_h`` (the ΔH of every turn it measured), ``arpo_unmeasured`` and
-    ``arpo_prompt`` (which prompt group it belongs to). Empty when no record carries ARPO fields (ARPO off). Tool
-    calls per trajectory are logged for every run, branched or not (``igpo/tool_calls_per_trajectory``)."""
+    ``arpo_index``, ``arpo_parent``, ``arpo_branch_pos``, ``arpo_is_topup``, ``arpo_delta_h`` (the ΔH of every turn it
+    measured), ``arpo_unmeasured`` and ``arpo_prompt`` (which prompt group it belongs to). Empty when no record carries
+    ARPO fields (ARPO off). Tool calls per trajectory are logged for every run, branched or not
+    (``igpo/tool_calls_per_trajectory``).
+
+    ``arpo/nested_branches``: branches whose parent is itself a branch; ``arpo/rebranch_same_point``: those of them
+    with the parent's own branch_pos, i.e. a tool result that got a second round of branching through its own branch
+    (``may_branch_at`` forbids it: must be 0)."""
     rows = [r for r in records if "arpo_parent" in r]
     if not rows:
         return {}
     prompts = len({r.get("arpo_prompt") for r in rows}) or 1
     branches = sum(int(r["arpo_parent"]) >= 0 for r in rows)
+    tree = {(r.get("arpo_prompt"), int(r.get("arpo_index", -1))): r for r in rows}
+    nested = rebranched = 0
+    for r in rows:
+        parent = tree.get((r.get("arpo_prompt"), int(r["arpo_parent"]))) if int(r["arpo_parent"]) >= 0 else None
+        if parent is not None and int(parent["arpo_parent"]) >= 0:
+            nested += 1
+            rebranched += int(parent.get("arpo_branch_pos", 0)) == int(r.get("arpo_branch_pos", 0))
     topups = sum(bool(r.get("arpo_is_topup")) for r in rows)
     deltas = [float(d) for r in rows for d in (r.get("arpo_delta_h") or [])]
     return {
         "arpo/branches_per_prompt": branches / prompts,
         "arpo/branch_share": branches / len(rows),
+        "arpo/nested_branches": float(nested),
+        "arpo/rebranch_same_point": float(rebranched),
         "arpo/topups_per_prompt": topups / prompts,
         "arpo/delta_h_mean": float(np.mean(deltas)) if deltas else 0.0,
         "arpo/measured_turns": float(len(deltas)),

@@ -25,9 +25,10 @@ def arpo_tree_check(responses: torch.Tensor, response_mask: torch.Tensor, uids: 
 
 def hard_attribution(advantages: torch.Tensor, response_mask: torch.Tensor, uids: list, turns: TurnBatch,
                      metrics: dict | None = None) -> torch.Tensor:
-    """ARPO's hard attribution (``algorithm.arpo.attribution=hard``): every copy of a token that branches share gets
-    the mean advantage of the trajectories sharing it (``igpo.core.arpo.hard_attribution``, from the rollout's tree
-    records and its own response mask); ``arpo/hard_shared_tokens`` counts the trained tokens shared."""
+    """ARPO's hard attribution (``algorithm.arpo.attribution=hard``): every copy of a token that |S| branches share
+    gets the mean advantage of the trajectories sharing it divided by |S|, so the copies train the token once
+    (``igpo.core.arpo.hard_attribution``, from the rollout's tree records and its own response mask; soft trains it
+    |S| times); ``arpo/hard_shared_tokens`` counts the trained tokens shared."""
     group = arpo_core.soft_group_ids(uids)
     meta = turns.branch_meta()
     if metrics is not None:
