@@ -29,7 +29,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping
 
-from igpo.agent.agent_config import SCORE_ON, AgentLoopConfig, RolloutScoringConfig, _plain
+from igpo.agent.agent_config import SCORE_ON, AgentLoopConfig, RolloutScoringConfig, plain_section
 from igpo.core.advantage import WARMUP_TIMINGS, AdvantageConfig, CurriculumConfig
 from igpo.core.info_gain import InfoGainConfig
 from igpo.core.infra import INFRA_FAILURE_POLICIES
@@ -154,7 +154,7 @@ def advantage_config_from_algorithm(algorithm: Mapping[str, Any]) -> AdvantageCo
     """``AdvantageConfig`` from verl's ``algorithm`` config: ``algorithm.igpo.<field>`` (other keys of the section are
     ignored here, None keeps the default), plus ``algorithm.gamma`` and ``algorithm.norm_adv_by_std_in_grpo``."""
     refuse_reference_keys(algorithm)
-    section = _plain(algorithm.get("igpo", None))
+    section = plain_section(algorithm.get("igpo", None))
     values = {k: section[k] for k in _ADVANTAGE_KEYS if section.get(k) is not None}
     if algorithm.get("gamma", None) is not None:
         values["gamma"] = algorithm.get("gamma")
@@ -202,7 +202,7 @@ class IGPOConfig:
     def from_algorithm(cls, algorithm: Mapping[str, Any]) -> "IGPOConfig":
         """Build from verl's ``algorithm`` config; unknown ``algorithm.igpo`` keys raise with the list of known ones."""
         refuse_reference_keys(algorithm)
-        section = _plain(algorithm.get("igpo", None))
+        section = plain_section(algorithm.get("igpo", None))
         info_keys = _fields(InfoGainConfig)
         known = set(info_keys) | set(_ADVANTAGE_KEYS) | set(_CURRICULUM_KEYS) | set(_OWN_KEYS)
         unknown = sorted(set(section) - known)
@@ -233,7 +233,7 @@ def infopo_config_from_algorithm(algorithm: Mapping[str, Any]) -> InfoPOConfig:
     variants only) and ``algorithm.norm_adv_by_std_in_grpo``."""
     gamma = algorithm.get("gamma", None)
     norm = algorithm.get("norm_adv_by_std_in_grpo", None)
-    return InfoPOConfig.from_dict(_plain(algorithm.get("infopo", None)),
+    return InfoPOConfig.from_dict(plain_section(algorithm.get("infopo", None)),
                                   gamma=None if gamma is None else float(gamma),
                                   norm_adv_by_std=None if norm is None else bool(norm))
 
@@ -245,7 +245,7 @@ def arpo_config_from(config: Mapping[str, Any]) -> "ARPOConfig":
     from igpo.core.arpo import ARPOConfig
 
     algorithm = config.get("algorithm") or {}
-    section = dict(_plain(algorithm.get("arpo", None)))
+    section = dict(plain_section(algorithm.get("arpo", None)))
     n = int(config["actor_rollout_ref"]["rollout"]["n"])
     given = section.get("rollouts_per_prompt")
     if given is not None and int(given) != n:

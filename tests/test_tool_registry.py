@@ -293,15 +293,16 @@ def test_unknown_tool_names_are_a_config_error_naming_the_registered_ones():
         AgentLoopConfig(tool_names=("serch",))
 
 
-def test_a_tool_the_default_prompt_does_not_describe_needs_a_system_prompt():
+def test_without_a_system_prompt_the_default_describes_exactly_the_listed_tools():
     extra = [name for name in tools.names() if name not in tools.DEFAULT_TOOLS]
     if not extra:
         pytest.skip("only the default tools are registered")
+    assert protocol.default_prompt_for(tools.DEFAULT_TOOLS) == protocol.DEFAULT_SYSTEM_PROMPT
+    assert protocol.default_prompt_for(("search",)) == protocol.DEFAULT_SYSTEM_PROMPT  # as before the registry
     names = (*tools.DEFAULT_TOOLS, extra[0])
-    with pytest.raises(ValueError, match="system_prompt_for"):
-        AgentLoopConfig(tool_names=names)
-    prompt = protocol.system_prompt_for(names)
-    assert AgentLoopConfig(tool_names=names, system_prompt=prompt).tool_names == names
+    assert AgentLoopConfig(tool_names=names).tool_names == names
+    prompt = protocol.default_prompt_for(names)
+    assert prompt == protocol.system_prompt_for(names)
     assert json.dumps(tools.get(extra[0]).schema, ensure_ascii=False) in prompt
 
 

@@ -46,9 +46,9 @@ class AgentLoopConfig:
     rollout.response_length. Either way it is capped at rollout.max_model_len when that is set (the engine refuses
     longer prompts). The response additionally never exceeds rollout.response_length."""
     system_prompt: str | None = None
-    """None = ``igpo.agent.protocol.DEFAULT_SYSTEM_PROMPT`` (it describes search and visit; an agent with another
-    registered tool needs a prompt that describes it, e.g. ``igpo.agent.protocol.system_prompt_for(tool_names)``).
-    Used only when the sample has no system message."""
+    """None = ``igpo.agent.protocol.default_prompt_for(tool_names)``: ``DEFAULT_SYSTEM_PROMPT`` (it describes search
+    and visit), or, when ``tool_names`` lists another registered tool, the same prompt describing exactly the listed
+    tools. Used only when the sample has no system message."""
     max_generation_retries: int = 2
     """Per turn: how often an empty / repetitive generation or a duplicate tool call is resampled (discarded, not
     trained on) before the last attempt is accepted as it is."""
@@ -91,11 +91,6 @@ class AgentLoopConfig:
         if unregistered:
             raise _err("tool_names", self.tool_names, f"{unregistered} not registered; the registered tools are "
                        f"{list(tools.names())} (a new tool is a module in tool_server/tools/ plus its register line)")
-        undescribed = [t for t in self.tool_names if t not in tools.DEFAULT_TOOLS]
-        if undescribed and self.system_prompt is None:
-            raise _err("tool_names", self.tool_names, f"the default system prompt does not describe {undescribed}, so "
-                       "the model would never learn to call it; set algorithm.igpo.agent.system_prompt to a prompt "
-                       "that does (igpo.agent.protocol.system_prompt_for(tool_names) writes the default one for them)")
         positive = ("max_turns", "max_tokens_per_turn", "repetition_window", "repetition_max_repeats")
         for name in positive:
             value = getattr(self, name)
@@ -121,7 +116,7 @@ class AgentLoopConfig:
     @classmethod
     def from_dict(cls, section: Mapping[str, Any] | None) -> "AgentLoopConfig":
         """Build from a mapping (e.g. the ``algorithm.igpo.agent`` DictConfig); missing keys take the defaults."""
-        values = _plain(section)
+        values = plain_section(section)
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
@@ -170,7 +165,7 @@ class RolloutScoringConfig:
     @classmethod
     def from_dict(cls, igpo_section: Mapping[str, Any] | None) -> "RolloutScoringConfig":
         """Pick the scoring knobs out of the whole ``algorithm.igpo`` section (other keys belong to others)."""
-        values = _plain(igpo_section)
+        values = plain_section(igpo_section)
         info_gain = {k: values[k] for k in cls.INFO_GAIN_KEYS if k in values}
         if "ig_tool_filter" in info_gain:
             info_gain["ig_tool_filter"] = _name_tuple(info_gain["ig_tool_filter"], "ig_tool_filter")
@@ -182,7 +177,7 @@ class RolloutScoringConfig:
         )
 
 
-def _plain(section: Mapping[str, Any] | None) -> dict[str, Any]:
+def plain_section(section: Mapping[str, Any] | None) -> dict[str, Any]:
     """A plain dict from None, a dict or an OmegaConf DictConfig (interpolations resolved)."""
     if section is None:
         return {}

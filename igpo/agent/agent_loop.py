@@ -363,7 +363,7 @@ class IGPOAgentLoop(AgentLoopBase):
                 "+algorithm.igpo.agent.tool_server_url=http://127.0.0.1:8001)."
             )
         self._tool_caller = tool_caller
-        self._system_prompt = self.cfg.system_prompt or protocol.DEFAULT_SYSTEM_PROMPT
+        self._system_prompt = self.cfg.system_prompt or protocol.default_prompt_for(self.cfg.tool_names)
         self._seed_stream: int | None = None  # the ARPO tree sets its member's index; else the session id
 
     def _seed_key(self, kwargs: dict[str, Any]) -> tuple | None:

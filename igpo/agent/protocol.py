@@ -54,9 +54,16 @@ DEFAULT_SYSTEM_PROMPT = default_system_prompt()
 
 
 def system_prompt_for(tool_names: tuple[str, ...] | list[str]) -> str:
-    """The default system prompt describing the registered tools ``tool_names`` (``algorithm.igpo.agent
-    .system_prompt`` for an agent with other tools than the default search and visit)."""
+    """The default system prompt describing the registered tools ``tool_names``."""
     return default_system_prompt(tools.schemas(tuple(tool_names)))
+
+
+def default_prompt_for(tool_names: tuple[str, ...] | list[str]) -> str:
+    """The system prompt of an agent without ``algorithm.igpo.agent.system_prompt``: ``DEFAULT_SYSTEM_PROMPT``
+    (search and visit) while the agent's tools are among those, else the default prompt describing exactly its tools
+    (so that a tool added to ``tool_names`` is one the model is told about)."""
+    names = tuple(tool_names)
+    return DEFAULT_SYSTEM_PROMPT if set(names) <= set(tools.DEFAULT_TOOLS) else system_prompt_for(names)
 
 ANSWER_NOW: dict[str, str] = {
     "context": (

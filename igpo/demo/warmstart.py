@@ -153,10 +153,7 @@ class LocalTools:
             path, payload = tool_request(name, arguments)
         except BadToolCall as err:
             return ToolResult(False, f"[{name} call rejected: {err}]", "bad_request", time.monotonic() - start)
-        if path == "/tools/search":
-            response = await self.service.search(payload["queries"], payload.get("topk", self.config.default_topk))
-        else:
-            response = await self.service.visit(payload["urls"], payload["goal"])
+        response = await self.service.call(path.rsplit("/", 1)[-1], payload)
         kind = None if response.error is None else response.error.kind
         return ToolResult(response.ok, response.text, "infra" if kind == "budget" else kind,
                           time.monotonic() - start)

@@ -31,7 +31,7 @@ from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.workers.utils.padding import response_to_nested
 
-from igpo.agent.agent_config import _plain
+from igpo.agent.agent_config import plain_section
 from igpo.agent.records import TurnBatch, TurnRecord
 from igpo.config import IGPOConfig, arpo_config_from
 from igpo.core.infra import InfraMask
@@ -40,7 +40,7 @@ from igpo.integration import histograms as hist
 from igpo.integration import rollout_failures
 from igpo.integration.actor_scoring import ActorScorer
 from igpo.integration.branching import arpo_tree_check, hard_attribution
-from igpo.integration.checkpoint import STATE_FILE, CheckpointState  # noqa: F401  (STATE_FILE: public name)
+from igpo.integration.checkpoint import CheckpointState
 from igpo.integration.infra_breaker import InfraBreaker
 from igpo.integration.methods import method_for
 from igpo.integration.node_reach import require_reach_from_every_node
@@ -99,7 +99,7 @@ class IGPOTrainerSync(RunControl, CheckpointState, PPOTrainerSync):
         self.method = method_for(config)
         logger.warning("igpo_sync: advantage estimator %s (%s)", estimator, self.method.title)
         self.infra_failure = resolve_infra_policy(self.method, self.igpo.infra_failure, estimator)
-        self.tool_spend = ToolSpendConfig.from_dict(_plain(config.get("tools", None)))
+        self.tool_spend = ToolSpendConfig.from_dict(plain_section(config.get("tools", None)))
         self.arpo = arpo_config_from(config)
         loop_name = str(config.actor_rollout_ref.rollout.agent.default_agent_loop)
         if self.arpo.enabled and loop_name != "arpo_agent":
@@ -110,7 +110,7 @@ class IGPOTrainerSync(RunControl, CheckpointState, PPOTrainerSync):
         self._step_seconds: list[float] = []  # wall time of each step of this process (for the ETA)
         self._prompts_fetched = 0  # numbers the deterministic prompt uids (_fetch_one_gen_batch)
         self._scorer: ActorScorer | None = None
-        self.health = HealthMonitor(HealthConfig.from_dict(_plain(config.trainer.get("health", None))))
+        self.health = HealthMonitor(HealthConfig.from_dict(plain_section(config.trainer.get("health", None))))
         self.infra_breaker = InfraBreaker(self.tool_spend.infra_breaker)
         self.histograms = hist.StepHistograms(hist.histograms_enabled(config.trainer))
         if self.igpo.agent.tool_server_url is not None:

@@ -117,7 +117,8 @@ def register_method(*names: str) -> Callable[[type[Method]], type[Method]]:
 def load_methods(config: Any) -> None:
     """Import the shipped methods and the modules ``algorithm.methods`` lists (your own, importable in the trainer's
     process: installed, or on PYTHONPATH)."""
-    for module in (*BUILTIN, *[str(m) for m in (config.algorithm.get("methods", None) or [])]):
+    listed = (config.get("algorithm", None) or {}).get("methods", None) or []
+    for module in (*BUILTIN, *[str(m) for m in listed]):
         try:
             importlib.import_module(module)
         except ImportError as error:
