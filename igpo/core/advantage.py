@@ -12,6 +12,8 @@ discounted sum of its own and all later normalized rewards (paper: Ã_{i,t} = Σ
 Group z-score of rewards r over a mask M, per prompt group g (positions of all rollouts of g pooled):
     μ_g = mean_{M ∩ g} r,  σ_g = sqrt(mean_{M ∩ g} (r − μ_g)² + 1e-8)  (σ_g := 1 if |M ∩ g| ≤ 1),
     ẑ(M) = (r − μ_g) / (σ_g + ε)   (no division when norm_adv_by_std is False).
+With ARPO branches a turn shared by |S| trajectories is one position: the means are weighted, w = 1/|S| on each copy
+(w = 1 otherwise), μ_g = Σ w r / Σ w, σ_g² = Σ w (r − μ_g)² / Σ w + 1e-8, |M ∩ g| = Σ w: the de-duplicated pool's.
 
 Implementation, three stages, none of them a Python loop over samples, turns or tokens:
     1. reward positions: found in dense [B, L] masks (``compute_igpo_advantage``, one streaming pass in
@@ -215,24 +217,26 @@ def _discount(values, K, gamma):
 
 
 @numba.njit(cache=True, nogil=True)
-def _pooled_z(v, sel, key, num_keys, divide, eps, z):
-    """z[p] = ẑ of v[p] for the selected boundaries, pooled by key (module docstring); returns σ per key."""
+def _pooled_z(v, sel, w, key, num_keys, divide, eps, z):
+    """z[p] = ẑ of v[p] for the selected boundaries, pooled by key with weights w (module docstring; w = 1 except for
+    the copies of a turn that ARPO branches share, 1/|S| each); returns σ per key."""
     n = np.zeros(num_keys)
     mu = np.zeros(num_keys)
     for p in range(v.shape[0]):
         if sel[p]:
-            n[key[p]] += 1.0
-            mu[key[p]] += v[p]
+            n[key[p]] += w[p]
+            mu[key[p]] += w[p] * v[p]
     for k in range(num_keys):
-        mu[k] /= max(n[k], 1.0)
+        if n[k] > 0:
+            mu[k] /= n[k]
     var = np.zeros(num_keys)
     for p in range(v.shape[0]):
         if sel[p]:
             d = v[p] - mu[key[p]]
-            var[key[p]] += d * d
+            var[key[p]] += w[p] * d * d
     sigma = np.ones(num_keys)
     for k in range(num_keys):
-        if n[k] > 1:
+        if n[k] > 1.0 + 1e-9:  # more than one distinct position (weights of shared copies sum to ~1)
             sigma[k] = math.sqrt(var[k] / n[k] + 1e-8)
     for p in range(v.shape[0]):
         if sel[p]:
@@ -242,10 +246,10 @@ def _pooled_z(v, sel, key, num_keys, divide, eps, z):
 
 
 @numba.njit(cache=True, nogil=True)
-def _turn_advantages(K, g, num_groups, r, is_f, is_i, pen, mode, gamma, adaptive_w, after_discount, group_turn, divide,
-                     eps, ig_weight, scale_floor, scale_cap, outcome_weight, ig_schedule):
-    """Per-boundary advantages A (flat, row-major) from rewards r, outcome / IG flags and penalties: normalize (mode),
-    weight, discount (order). Returns (A, γ_i per row, [ig_scale, |ẑ(F)| mean, |scaled ẑ(I)| mean, mean r/σ over I])."""
+def _turn_advantages(K, g, num_groups, r, is_f, is_i, pen, w, mode, gamma, adaptive_w, after_discount, group_turn,
+                     divide, eps, ig_weight, scale_floor, scale_cap, outcome_weight, ig_schedule):
+    """Per-boundary advantages A (flat, row-major) from rewards r, outcome / IG flags, penalties and pool weights w
+    (group statistics and scaled_separate's batch means are w-weighted): normalize (mode), weight, discount (order). Returns (A, γ_i per row, [ig_scale, |ẑ(F)| mean, |scaled ẑ(I)| mean, mean r/σ over I])."""
     B, n = K.shape[0], r.shape[0]
     raw_ig = mode == _RAW_IG
     gam = np.full(B, 0.0 if raw_ig else gamma)
@@ -276,9 +280,9 @@ def _turn_advantages(K, g, num_groups, r, is_f, is_i, pen, mode, gamma, adaptive
     N = np.zeros(n)
     key_g = g[row]
     if mode == _JOINT:
-        _pooled_z(v, is_f | is_i, key_g, num_groups, divide, eps, N)
+        _pooled_z(v, is_f | is_i, w, key_g, num_groups, divide, eps, N)
     else:
-        _pooled_z(v, is_f, key_g, num_groups, divide, eps, N)
+        _pooled_z(v, is_f, w, key_g, num_groups, divide, eps, N)
         outcome_z = np.zeros(B)  # at most one outcome per row
         for p in range(n):
             if is_f[p]:
@@ -286,19 +290,19 @@ def _turn_advantages(K, g, num_groups, r, is_f, is_i, pen, mode, gamma, adaptive
         key_i = key_g * ig_max + ordinal if group_turn else key_g
         num_i = num_groups * ig_max if group_turn else num_groups
         z_i = np.zeros(n)
-        sigma_i = _pooled_z(v, is_i, key_i, num_i, divide, eps, z_i)
-        n_f, n_i, abs_f, abs_i, over_std = 0, 0, 0.0, 0.0, 0.0
+        sigma_i = _pooled_z(v, is_i, w, key_i, num_i, divide, eps, z_i)
+        n_f, n_i, abs_f, abs_i, over_std = 0.0, 0.0, 0.0, 0.0, 0.0
         for p in range(n):
             if is_i[p]:
                 if raw_ig:
                     scaled = v[p] / (sigma_i[key_i[p]] + eps)
-                    over_std += scaled
+                    over_std += w[p] * scaled
                     z_i[p] = scaled * ig_weight + outcome_z[row[p]]
-                n_i += 1
-                abs_i += abs(z_i[p])
+                n_i += w[p]
+                abs_i += w[p] * abs(z_i[p])
             elif is_f[p]:
-                n_f += 1
-                abs_f += abs(N[p])
+                n_f += w[p]
+                abs_f += w[p] * abs(N[p])
         if raw_ig and n_i:
             stats[3] = over_std / n_i
         if mode == _SCALED_SEPARATE:
@@ -426,6 +430,9 @@ def advantage_at_boundaries(
     """``compute_igpo_advantage`` from reward positions given directly (``Boundaries.at``, e.g. built from the turn
     ends the rollout recorded), which skips the pass over [B, L] masks that finds them. Output in ``dtype``.
 
+    ``bounds.w`` (pool weights, ``Boundaries.at(weight=...)``): each position's weight in the group statistics and in
+    scaled_separate's batch means, for turns shared by ARPO branches (``igpo.core.arpo.shared_turn_weights``: 1/|S| on
+    each copy, so a shared turn counts once); None: every position 1, bit-identical to an unweighted pool.
     ``masked_turns_ok``: IG / penalty positions may lie outside ``response_mask`` (an empty turn's end: a reward
     position for the statistics and the discount whose own segment has no trained token); outcomes never may.
     ``with_metrics=False`` returns no metrics (an empty dict) for a caller that has nowhere to log them (stock verl's
@@ -450,8 +457,9 @@ def advantage_at_boundaries(
     num_groups = int(g.max()) + 1 if B else 0
     if pen is None:
         pen = np.zeros_like(r)
+    w = bounds.w if bounds.w is not None else np.ones_like(r)
     A, gamma, stats = _turn_advantages(
-        K, g.astype(np.int64), num_groups, r, is_f, is_i, pen, _MODE_CODE[cfg.norm_mode], cfg.gamma,
+        K, g.astype(np.int64), num_groups, r, is_f, is_i, pen, w, _MODE_CODE[cfg.norm_mode], cfg.gamma,
         cfg.adaptive_gamma_min_weight, cfg.norm_order == "after_discount", cfg.norm_group == "group_turn",
         cfg.norm_adv_by_std, cfg.epsilon, cfg.ig_weight, cfg.scale_floor, cfg.scale_cap, float(outcome_weight),
         float(ig_weight_schedule))

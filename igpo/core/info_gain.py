@@ -234,7 +234,7 @@ def penalty_into_ig_pool(ig: Tensor, ig_mask: Tensor, penalty: Tensor) -> tuple[
 
 
 def turn_boundaries(ig: Tensor, ig_mask: Tensor, penalty: Tensor, turn_ends: Tensor, outcome: Tensor,
-                    outcome_pos: Tensor, response_mask: Tensor) -> Boundaries:
+                    outcome_pos: Tensor, response_mask: Tensor, weight: Tensor | None = None) -> Boundaries:
     """The advantage's reward positions from the turn ends the rollout recorded (§1.6, fixing §10 item 14): no text
     is re-parsed and no [B, L] reward tensor is built.
 
@@ -244,8 +244,9 @@ def turn_boundaries(ig: Tensor, ig_mask: Tensor, penalty: Tensor, turn_ends: Ten
     token outside ``response_mask`` (an empty turn, whose end is the untrained end-of-turn token the loop appended)
     stays a reward position: it takes part in the group statistics and the discount of the earlier turns like the
     reference's observation-end positions, and its own segment has no trained token. On the outcome's token a turn's
-    IG is dropped and its penalty joins the outcome's position. Raises on token indices outside the response or turn
-    ends that do not increase.
+    IG is dropped and its penalty joins the outcome's position. ``weight`` [B, T] (optional): each IG's weight in the
+    group statistics (``igpo.core.arpo.shared_turn_weights``: 1/|S| for a turn |S| ARPO branches share); outcomes
+    weigh 1. Raises on token indices outside the response or turn ends that do not increase.
     """
     if not (ig.shape == ig_mask.shape == penalty.shape == turn_ends.shape) or ig.dim() != 2:
         raise ValueError(f"ig, ig_mask, penalty and turn_ends must share one [B, T] shape; got {tuple(ig.shape)}, "
@@ -255,6 +256,8 @@ def turn_boundaries(ig: Tensor, ig_mask: Tensor, penalty: Tensor, turn_ends: Ten
             raise ValueError(f"{name} must be bool; got {t.dtype}.")
     B, L = response_mask.shape
     # Turn-level data is small: work on host arrays (numpy's per-call overhead is a fraction of torch's).
+    if weight is not None and weight.shape != ig.shape:
+        raise ValueError(f"weight {tuple(weight.shape)} must have the [B, T] shape of ig {tuple(ig.shape)}.")
     ig, ig_mask, penalty, turn_ends, outcome, outcome_pos = (
         t.detach().cpu().numpy() for t in (ig, ig_mask, penalty, turn_ends, outcome, outcome_pos))
     row, col = np.nonzero(ig_mask | (penalty != 0))
@@ -275,6 +278,10 @@ def turn_boundaries(ig: Tensor, ig_mask: Tensor, penalty: Tensor, turn_ends: Ten
     outcome_pen = np.bincount(row[at_outcome], weights=pen[at_outcome], minlength=B)
     keep = (is_i | (pen != 0)) & ~at_outcome
     rows_f = np.flatnonzero(outcome_pos >= 0)
+    pool_weight = None
+    if weight is not None:
+        w = weight.detach().cpu().numpy().astype(np.float64)[row, col]
+        pool_weight = np.concatenate([np.where(is_i, w, 1.0)[keep], np.ones(rows_f.size)])
     return Boundaries.at(
         rows=np.concatenate([row[keep], rows_f]),
         positions=np.concatenate([pos[keep], outcome_pos[rows_f]]),
@@ -282,7 +289,7 @@ def turn_boundaries(ig: Tensor, ig_mask: Tensor, penalty: Tensor, turn_ends: Ten
         is_f=np.concatenate([np.zeros(int(keep.sum()), bool), np.ones(rows_f.size, bool)]),
         is_i=np.concatenate([is_i[keep], np.zeros(rows_f.size, bool)]),
         penalty=np.concatenate([pen[keep], outcome_pen[rows_f]]),
-        response_mask=response_mask)
+        response_mask=response_mask, weight=pool_weight)
 
 
 def ig_by_answer_seen(ig: Tensor, ig_mask: Tensor, answer_seen: Tensor) -> dict[str, float]:

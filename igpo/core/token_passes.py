@@ -39,7 +39,7 @@ class Boundaries:
 
     flat: token index i·L + t (a tensor on the batch's device); K: [B] int64 count per row (tensor, same device);
     r: reward (float64); is_f, is_i: outcome / IG flags; in_mask: response_mask there; pen: penalty (float64) or
-    None when no penalty was given.
+    None when no penalty was given; w: weight in the group statistics (float64; None: all 1; ARPO's shared turns).
     """
 
     flat: Tensor
@@ -49,20 +49,21 @@ class Boundaries:
     is_i: np.ndarray
     in_mask: np.ndarray
     pen: np.ndarray | None
+    w: np.ndarray | None = None
 
     @classmethod
     def at(cls, rows: np.ndarray, positions: np.ndarray, rewards: np.ndarray, is_f: np.ndarray, is_i: np.ndarray,
-           penalty: np.ndarray | None, response_mask: Tensor) -> "Boundaries":
+           penalty: np.ndarray | None, response_mask: Tensor, weight: np.ndarray | None = None) -> "Boundaries":
         """Reward positions given explicitly, one entry per token in any order (host arrays [n]): trajectory ``rows``,
-        token ``positions``, and what lies there (reward, outcome / IG flags, penalty or None). O(n log n); no pass
-        over the [B, L] tokens."""
+        token ``positions``, and what lies there (reward, outcome / IG flags, penalty or None, weight in the group
+        statistics or None for all 1). O(n log n); no pass over the [B, L] tokens."""
         if response_mask.dim() != 2 or response_mask.dtype != torch.bool:
             raise ValueError(f"response_mask must be a bool [B, L] tensor; got {response_mask.dtype} "
                              f"{tuple(response_mask.shape)}.")
         B, L = response_mask.shape
         n = rows.shape[0]
         for name, x in (("positions", positions), ("rewards", rewards), ("is_f", is_f), ("is_i", is_i),
-                        ("penalty", penalty)):
+                        ("penalty", penalty), ("weight", weight)):
             if x is not None and x.shape != (n,):
                 raise ValueError(f"{name} must be a [n] = ({n},) array like rows; got {x.shape}.")
         for name, x in (("rows", rows), ("positions", positions)):
@@ -87,7 +88,16 @@ class Boundaries:
         device = response_mask.device
         return cls(torch.from_numpy(flat).to(device), torch.from_numpy(np.bincount(rows, minlength=B)).to(device),
                    rewards[order].astype(np.float64), is_f[order].astype(bool), is_i[order].astype(bool), in_mask,
-                   penalty[order].astype(np.float64) if penalty is not None else None)
+                   penalty[order].astype(np.float64) if penalty is not None else None,
+                   _pool_weight(weight[order]) if weight is not None else None)
+
+
+def _pool_weight(weight: np.ndarray) -> np.ndarray:
+    w = weight.astype(np.float64)
+    if not (np.isfinite(w).all() and (w > 0).all() and (w <= 1).all()):
+        raise ValueError(f"pool weights must lie in (0, 1] (1/|S| for a turn |S| trajectories share); got min "
+                         f"{w.min()}, max {w.max()}.")
+    return w
 
 
 def _use_kernels(*tensors: Tensor | None) -> bool:
