@@ -198,6 +198,67 @@ def test_paired_scorer_matches_plain_forwards_and_observation_replaced_by_itself
     assert kl[2].item() == 0.0 and bool((kl[:2] > 0).all())
 
 
+# ---- the two documented choices and the reference's behaviour ------------------------------------------------------
+
+
+def _three_rows(intrinsic_turn0, scored_turn0=(True, True, True)) -> InfoPOInputs:
+    """One group of 3 rows, 12 tokens: turn 0 = tokens 0-2, observation 3-5, turn 1 = 6-7, observation 8-9, final turn
+    10-11 (7 action tokens); all outcomes 0. Only turn 0 carries an intrinsic value."""
+    B, L = 3, 12
+    mask = torch.zeros(B, L, dtype=torch.bool)
+    token_turn = torch.zeros(B, L, dtype=torch.long)
+    for k, (start, end) in enumerate(((0, 3), (6, 8), (10, 12))):
+        mask[:, start:end] = True
+        token_turn[:, start:end] = k
+    intrinsic = torch.zeros(B, 3, dtype=torch.float64)
+    intrinsic[:, 0] = torch.tensor(intrinsic_turn0, dtype=torch.float64)
+    scored = torch.zeros(B, 3, dtype=torch.bool)
+    scored[:, 0] = torch.tensor(scored_turn0)
+    return InfoPOInputs(turn_rewards=torch.zeros(B, 3), num_turns=torch.full((B,), 3), token_turn=token_turn,
+                        action_mask=mask, intrinsic=intrinsic, intrinsic_mask=scored, group=torch.zeros(B, dtype=torch.long))
+
+
+def test_zero_intrinsic_pool_keeps_a_measured_zero_and_drop_is_the_reference():
+    """I_0 = 0.6, 0.0, 0.3. pool (default): μ = 0.3, σ = 0.3, so the zero turn gets −1 and row 2 gets 0. drop (the
+    reference pools only non-zero values): μ = 0.45, σ = 0.2121 over {0.6, 0.3}; the zero turn's tokens get 0."""
+    x = _three_rows([0.6, 0.0, 0.3])
+    pooled, stats = infopo_advantage(x, InfoPOConfig(intrinsic_only=True))
+    assert stats["magnitude_ratio"] == 1.0
+    assert pooled[:, 0].tolist() == pytest.approx([1.0, -1.0, 0.0], abs=1e-5)
+    dropped, stats = infopo_advantage(x, InfoPOConfig(intrinsic_only=True, zero_intrinsic="drop"))
+    assert stats["magnitude_ratio"] == 1.0 and stats["pooled_turns"] == 2 and stats["scored_turns"] == 3
+    assert dropped[:, 0].tolist() == pytest.approx([0.70711, 0.0, -0.70711], abs=1e-5)
+    assert (dropped[:, 3:] == 0).all() and (pooled[:, 3:] == 0).all()
+    # without a zero both are the same pool
+    x = _three_rows([0.6, -0.1, 0.3])
+    assert torch.equal(infopo_advantage(x, InfoPOConfig())[0],
+                       infopo_advantage(x, InfoPOConfig(zero_intrinsic="drop"))[0])
+
+
+def test_cap_std_over_carrying_tokens_or_every_action_token_as_the_reference():
+    """Raw intrinsic ±4 on turn 0 (3 tokens of 7 action tokens per row), row 2 unscored; outcomes tie (σ_out ≈ 0).
+    carrying: σ_int = std(±4 on 6 tokens) = 4.382 → m = 0.228; all_action_tokens (the reference, zeros included):
+    σ_int = std(±4 on 6 of 21 tokens) = 2.191 → m = 0.456: the zeros shrink σ_int and weaken the cap."""
+    x = _three_rows([4.0, -4.0, 0.0], scored_turn0=(True, True, False))
+    cfg = dict(intrinsic_only=True, normalize_intrinsic=False)
+    carrying, stats_c = infopo_advantage(x, InfoPOConfig(**cfg))
+    everywhere, stats_a = infopo_advantage(x, InfoPOConfig(cap_std_over="all_action_tokens", **cfg))
+    sigma_c = torch.tensor([4.0] * 3 + [-4.0] * 3, dtype=torch.float64).std()
+    sigma_a = torch.tensor([4.0] * 3 + [-4.0] * 3 + [0.0] * 15, dtype=torch.float64).std()
+    assert stats_c["magnitude_ratio"] == pytest.approx(1 / (float(sigma_c) + 1e-6))
+    assert stats_a["magnitude_ratio"] == pytest.approx(1 / (float(sigma_a) + 1e-6))
+    assert carrying[0, 0] == pytest.approx(4.0 / float(sigma_c), rel=1e-5)
+    assert everywhere[0, 0] == pytest.approx(4.0 / float(sigma_a), rel=1e-5)
+    assert everywhere[0, 0] > carrying[0, 0] and (carrying[2] == 0).all()
+
+
+def test_infopo_options_refuse_unknown_values():
+    with pytest.raises(ValueError, match="algorithm.infopo.cap_std_over='zeros' is unknown"):
+        InfoPOConfig(cap_std_over="zeros")
+    with pytest.raises(ValueError, match="algorithm.infopo.zero_intrinsic='keep' is unknown"):
+        InfoPOConfig(zero_intrinsic="keep")
+
+
 # ---- the trainer's InfoPO path on fake turn records -----------------------------------------------------------------
 # Two trajectories of one group, 12 response tokens: turn 0 = 0-2, observation 3-5, turn 1 = 6-7, observation 8-9,
 # final turn = 10-11.

@@ -60,3 +60,98 @@ def test_pool_weights_of_one_are_the_unweighted_pool_bit_for_bit():
         assert torch.equal(plain[0], ones[0]) and plain[2] == ones[2]
     with pytest.raises(ValueError, match=r"pool weights must lie in \(0, 1\]"):
         _bounds(BRANCHED, mask, [0.0] + [1.0] * (len(BRANCHED) - 1))
+
+
+# ---- through the methods (the trainer's pipeline) ---------------------------------------------------------------
+# Three trajectories of one prompt, 12 response tokens: turn 0 = tokens 0-2, observation 3-5, turn 1 = 6-7,
+# observation 8-9, final answer 10-11. Row 1 is a branch of row 0 (``arpo_*`` records) at ``pos``.
+
+import method_harness as harness  # noqa: E402
+from igpo.core.info_gain import turn_boundaries  # noqa: E402
+from igpo.integration.histograms import StepHistograms  # noqa: E402
+
+TURNS = [(0, 3), (6, 8), (10, 12)]
+
+
+def _layout(n=3):
+    mask = torch.zeros(n, 12, dtype=torch.bool)
+    for start, end in TURNS:
+        mask[:, start:end] = True
+    return mask
+
+
+def _igpo_extras(logprobs, pos):
+    extras = [{"igpo_num_turns": 3, "igpo_turn_ends": [2, 7, 11], "igpo_tool_names": ["search", "search", None],
+               "igpo_tool_status": ["ok", "ok", "answer"], "igpo_answer_logprobs": [[v] for v in lp]}
+              for lp in logprobs]
+    if pos is not None:
+        for i, (parent, branch_pos) in enumerate([(-1, 0), (0, pos), (-1, 0)]):
+            extras[i].update(arpo_index=i, arpo_parent=parent, arpo_branch_pos=branch_pos, arpo_prompt="q")
+    return extras
+
+
+def test_igpo_method_counts_a_shared_ig_turn_once():
+    """Row 1 branched after turn 0's observation (token 6): IG_0 (fixed through that observation) is shared. The
+    method's advantages equal the core's on the de-duplicated reward positions (row 1 without its copy of IG_0)."""
+    mask = _layout()
+    scores = torch.zeros(3, 12)
+    scores[:, 11] = torch.tensor([1.0, 0.0, 0.5])
+    logprobs = [(-3.0, -2.0, -1.0), (-3.0, -2.0, -2.5), (-3.0, -3.5, -4.0)]  # row 1 = row 0 through boundary 1
+    method = harness.igpo_method()
+    adv, metrics = harness.run(method, _igpo_extras(logprobs, pos=6), ["q"] * 3, mask, scores)
+    assert metrics["igpo/shared_ig_turns"] == 2.0  # the two copies of IG_0
+    assert metrics["arpo/branches_per_prompt"] == 1.0 and metrics["arpo/rebranch_same_point"] == 0.0
+    ig = torch.tensor([[1.0, 1.0], [1.0, -0.5], [-0.5, -0.5]])
+    ig_mask = torch.ones(3, 2, dtype=torch.bool)
+    ig_mask[1, 0] = False  # de-duplicated: row 0 holds the shared turn
+    ends = torch.tensor([[2, 7]] * 3)
+    bounds = turn_boundaries(ig, ig_mask, torch.zeros(3, 2), ends, scores.sum(-1), torch.full((3,), 11), mask)
+    dedup, _, _ = advantage_at_boundaries(bounds, mask, torch.zeros(3, dtype=torch.long), method.igpo.advantage,
+                                          masked_turns_ok=True)
+    assert torch.allclose(adv[[0, 2]], dedup[[0, 2]], atol=1e-6)
+    assert torch.allclose(adv[1, 6:], dedup[1, 6:], atol=1e-6)
+    # without the tree records the shared turn counts twice: different statistics
+    plain, plain_metrics = harness.run(harness.igpo_method(), _igpo_extras(logprobs, pos=None), ["q"] * 3, mask,
+                                       scores)
+    assert "igpo/shared_ig_turns" not in plain_metrics and not torch.allclose(plain[0], adv[0], atol=1e-4)
+
+
+def _infopo_run(extras, intrinsic, scored, outcome, metrics, **infopo):
+    method = harness.infopo_method(**infopo)
+    method.counterfactual = lambda batch, scorer, _: (intrinsic, scored, torch.zeros_like(scored))
+    mask = _layout(len(extras))
+    scores = torch.zeros(len(extras), 12)
+    scores[:, 11] = torch.tensor(outcome)
+    adv, step_metrics = harness.run(method, extras, ["q"] * len(extras), mask, scores, step=1, total=10, epoch=0,
+                                    histograms=StepHistograms(enabled=False))
+    metrics.update(step_metrics)
+    return adv
+
+
+@pytest.mark.parametrize("pool", ["turn", "token"])
+def test_infopo_method_counts_a_shared_intrinsic_turn_once(pool):
+    """I_0 scores the next action a_1 (tokens 6-7): a branch after observation 1 (token 10) shares it, a branch after
+    observation 0 (token 6) samples its own a_1 and shares no intrinsic value."""
+    intrinsic = torch.tensor([[1.0, 0.3, 0.0], [1.0, -0.4, 0.0], [-1.0, 0.5, 0.0]], dtype=torch.float64)
+    scored = torch.tensor([[True, True, False]] * 3)
+    outcome = (1.0, 0.0, 0.0)
+    extras = _igpo_extras([(0.0, 0.0, 0.0)] * 3, pos=10)
+    metrics = {}
+    adv = _infopo_run(extras, intrinsic, scored, outcome, metrics, intrinsic_pool=pool)
+    assert metrics["infopo/shared_turns"] == 2.0
+    dedup_scored = scored.clone()
+    dedup_scored[1, 0] = False  # row 0 holds the shared I_0
+    dedup_metrics = {}
+    dedup = _infopo_run(_igpo_extras([(0.0, 0.0, 0.0)] * 3, pos=None), intrinsic, dedup_scored, outcome,
+                        dedup_metrics, intrinsic_pool=pool)
+    # the magnitude cap's spread over carrying tokens is de-duplicated too (here it acts: m < 1 in one pool mode)
+    assert metrics["infopo/magnitude_ratio"] == pytest.approx(dedup_metrics["infopo/magnitude_ratio"], abs=1e-12)
+    assert torch.allclose(adv[[0, 2]], dedup[[0, 2]], atol=1e-12)
+    assert torch.allclose(adv[1, 6:], dedup[1, 6:], atol=1e-12)
+    # a branch after observation 0 has its own a_1, so its own I_0: nothing shared, the plain pool
+    early = {}
+    adv_early = _infopo_run(_igpo_extras([(0.0, 0.0, 0.0)] * 3, pos=6), intrinsic, scored, outcome, early,
+                            intrinsic_pool=pool)
+    plain = _infopo_run(_igpo_extras([(0.0, 0.0, 0.0)] * 3, pos=None), intrinsic, scored, outcome, {},
+                        intrinsic_pool=pool)
+    assert early["infopo/shared_turns"] == 0.0 and torch.equal(adv_early, plain)

@@ -516,10 +516,12 @@ def shared_turn_weights(turn_end: Tensor, turn_valid: Tensor, group: Tensor, ind
                         branch_pos: Tensor, L: int) -> tuple[Tensor, Tensor]:
     """How shared turns enter group statistics (e.g. the IG pool's μ/σ): (weight [B, T], first [B, T]).
 
-    turn_end [B, T]: the exclusive end of the response tokens that determine turn t's value (for a turn-level IG:
-    through its tool result, i.e. the start of the next turn); turn_valid [B, T]: which turns exist. A turn is shared
-    by the rows j with D(i, j) ≥ turn_end; weight = 1/|shared| (the copies sum to one turn) and first = True on the
-    copy of the lowest index only (a dedup mask: pool each turn once). Invalid turns get weight 0, first False.
+    turn_end [B, T]: the exclusive end of the response tokens that determine turn t's value (IGPO's IG: through its
+    tool result, i.e. its last generated token + 1, since branch points lie at tool-result ends; InfoPO's I_t: through
+    the next action a_{t+1}); turn_valid [B, T]: the turns in the pool. A turn is shared by the rows j with
+    D(i, j) ≥ turn_end whose copy (turn t of row j: a shared prefix has the same turns) is in the pool too;
+    weight = 1/|shared| (the copies sum to one turn) and first = True on the copy of the lowest index only (a dedup
+    mask: pool each turn once). Turns outside the pool get weight 0, first False.
     """
     B, T = turn_end.shape
     if turn_valid.shape != (B, T) or turn_valid.dtype != torch.bool:
@@ -531,7 +533,8 @@ def shared_turn_weights(turn_end: Tensor, turn_valid: Tensor, group: Tensor, ind
     first = torch.ones(B, T, dtype=torch.bool)
     for rows, D in _blocks(group, index, parent, branch_pos, L):
         shares = D[:, :, None] >= turn_end[rows][:, None, :]  # [m(i), m(j), T]: row j holds row i's turn t
-        count[rows] = shares.sum(1)
+        shares &= turn_valid[rows][None, :, :]  # ... and pools it
+        count[rows] = shares.sum(1).clamp(min=1)
         idx = index[rows][None, :, None].expand_as(shares)
         lowest = torch.where(shares, idx, torch.iinfo(torch.long).max).min(1).values
         first[rows] = lowest == index[rows][:, None]

@@ -10,9 +10,15 @@ Symbols (per trajectory b of prompt group g, turns k = 0..N_b-1; turn t's action
                 Â_b = (R_b − μ_g) / (σ_g + ε)  (μ_g, σ_g: mean, unbiased std of R over g; singleton g: (0, 1)).
                 A^out_{b,i} = Â_b · c_{k(i)} · N_b / Σ_i c_{k(i)}   on the N_b action tokens i of b (c: turn credits).
     intrinsic   Â^I = (x − μ^I_g) / (σ^I_g + ε) over the group's pool of x, where the pool is one x = I_t per scored turn
-                (``turn``) or, as the reference, L_t copies of x = I_t / L_t per scored turn (``token``).
+                (``turn``) or, as the reference, L_t copies of x = I_t / L_t per scored turn (``token``); a scored turn
+                with I_t = 0 is in the pool (``zero_intrinsic=pool``) or, as the reference, left out with Â^I = 0 on
+                its tokens (``drop``). With ARPO branches each pool entry has a weight w (1/|S| on each copy of a turn
+                |S| trajectories share, else 1): μ^I_g = Σ w x / Σ w, σ^I_g² = Σ w (x − μ^I_g)² / (Σ w − 1), the
+                de-duplicated pool's (frequency weights).
     fusion      m = min(1, max(σ_out, 1) / σ_int)   (σ_out: std of A^out over action tokens; σ_int: std of Â^I over
-                the tokens that carry it), gate g_b = sigmoid(−σ_g / T), β_t = β_0 · exp(−λ · epoch),
+                the tokens that carry it (``cap_std_over=carrying``; with ARPO, the copies of a shared turn's tokens
+                weigh 1/|S|) or, as the reference, over every action token, zeros included (``all_action_tokens``)),
+                gate g_b = sigmoid(−σ_g / T), β_t = β_0 · exp(−λ · epoch),
                 A_{b,i} = A^out_{b,i} + β_t · g_b · m · Â^I_{b,i}       (intrinsic_only: A = m · Â^I).
 
 Everything here is tensors in, tensors out; the counterfactual sequence construction is here too, so that the trainer
@@ -29,6 +35,8 @@ import torch
 
 SCORES = ("sampled_logratio", "kl")
 POOLS = ("turn", "token")
+CAP_STD_OVER = ("carrying", "all_action_tokens")
+ZERO_INTRINSIC = ("pool", "drop")
 TRAJECTORY_SCORES = ("sum", "r2g")
 TURN_CREDITS = ("equalized", "r2g", "em")
 
@@ -46,6 +54,13 @@ class InfoPOConfig:
     intrinsic_pool: ``turn`` (one value per scored turn, broadcast to its tokens: no double length normalisation) or
         ``token`` (the reference: I_t / L_t on each of turn t's L_t tokens, pooled per token).
     intrinsic_only: ablation, A = m · Â^I (no outcome, no gate, no β).
+    cap_std_over: the tokens whose Â^I spread σ_int the magnitude cap m = min(1, max(σ_out, 1) / σ_int) measures:
+        ``carrying`` (ours: the tokens of scored turns, so m does not depend on how many tokens carry no intrinsic
+        value) or ``all_action_tokens`` (the reference: every action token, the zeros of unscored turns included; the
+        more zeros, the smaller σ_int, so the cap rarely acts).
+    zero_intrinsic: a scored turn whose I_t is exactly 0: ``pool`` (ours: a measured "no information" is a value,
+        it enters μ^I/σ^I and gets its z-score, negative when the group's mean is positive) or ``drop`` (the
+        reference, which pools only non-zero values: such a turn is left out of the pool and its tokens get Â^I = 0).
     placeholder: the text that replaces an observation's content in the counterfactual.
     score: ``sampled_logratio`` (the reference: mean log-ratio of the sampled next action, can be negative) or ``kl``
         (mean full-vocabulary KL at the next action's positions, ≥ 0; needs a factual pass on the actor).
@@ -67,6 +82,8 @@ class InfoPOConfig:
     normalize_intrinsic: bool = True
     intrinsic_pool: str = "turn"
     intrinsic_only: bool = False
+    cap_std_over: str = "carrying"
+    zero_intrinsic: str = "pool"
     placeholder: str = "No information found."
     score: str = "sampled_logratio"
     reuse_old_log_probs: bool = True
@@ -80,7 +97,8 @@ class InfoPOConfig:
 
     def __post_init__(self):
         for name, allowed in (("score", SCORES), ("intrinsic_pool", POOLS), ("trajectory_score", TRAJECTORY_SCORES),
-                              ("turn_credit", TURN_CREDITS)):
+                              ("turn_credit", TURN_CREDITS), ("cap_std_over", CAP_STD_OVER),
+                              ("zero_intrinsic", ZERO_INTRINSIC)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"algorithm.infopo.{name}={getattr(self, name)!r} is unknown; use one of {allowed}.")
         for name in ("intrinsic_weight", "decay", "epsilon"):
@@ -206,15 +224,21 @@ class ContinuationRequest:
 # ------------------------------------------------------------------------------------------------- the estimator
 
 
-def group_mean_std(values: torch.Tensor, group: torch.Tensor, num_groups: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(μ_g, σ_g) per group [G]: mean and unbiased std; a group of one gets (0, 1), an empty one (0, 1)."""
+def group_mean_std(values: torch.Tensor, group: torch.Tensor, num_groups: int,
+                   weight: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(μ_g, σ_g) per group [G]: mean and unbiased std; a group of one gets (0, 1), an empty one (0, 1).
+
+    ``weight`` [N] (optional): frequency weights, e.g. 1/|S| on each copy of an entry |S| ARPO branches share:
+    μ_g = Σ w x / Σ w, σ_g² = Σ w (x − μ_g)² / (Σ w − 1), "one" meaning Σ w ≤ 1. None: every weight 1 (bit-identical
+    to the unweighted statistics)."""
     values = values.double()
-    count = torch.zeros(num_groups, dtype=torch.float64).index_add_(0, group, torch.ones_like(values))
-    total = torch.zeros(num_groups, dtype=torch.float64).index_add_(0, group, values)
-    mean = total / count.clamp(min=1)
-    sq = torch.zeros(num_groups, dtype=torch.float64).index_add_(0, group, (values - mean[group]) ** 2)
+    w = torch.ones_like(values) if weight is None else weight.double()
+    count = torch.zeros(num_groups, dtype=torch.float64).index_add_(0, group, w)
+    total = torch.zeros(num_groups, dtype=torch.float64).index_add_(0, group, w * values)
+    mean = torch.where(count > 0, total / torch.where(count > 0, count, 1.0), 0.0)
+    sq = torch.zeros(num_groups, dtype=torch.float64).index_add_(0, group, w * (values - mean[group]) ** 2)
     std = (sq / (count - 1).clamp(min=1)).sqrt()
-    single = count <= 1
+    single = count <= 1 + 1e-9  # the copies of one shared entry weigh 1 together, up to rounding
     return torch.where(single, 0.0, mean), torch.where(single, 1.0, std)
 
 
@@ -263,17 +287,29 @@ def outcome_token_advantage(advantage: torch.Tensor, token_turn: torch.Tensor, c
 
 
 def normalize_intrinsic(values: torch.Tensor, group: torch.Tensor, num_groups: int, eps: float,
-                        norm_by_std: bool) -> torch.Tensor:
+                        norm_by_std: bool, weight: torch.Tensor | None = None) -> torch.Tensor:
     """Â^I of a pool [N] of intrinsic values with their groups [N]: (x − μ^I_g) / (σ^I_g + ε) (unbiased σ; a pool
-    of one item gives (x, 1), i.e. 0); only centering when ``norm_by_std`` is False."""
+    of one item gives (x, 1), i.e. 0); only centering when ``norm_by_std`` is False. ``weight`` [N]: frequency
+    weights of the entries (``group_mean_std``; ARPO's shared turns), None for all 1."""
     if values.numel() == 0:
         return values.double()
-    mean, std = group_mean_std(values, group, num_groups)
-    count = torch.zeros(num_groups, dtype=torch.float64).index_add_(0, group, torch.ones_like(values, dtype=torch.float64))
-    mean = torch.where(count == 1, torch.zeros(num_groups, dtype=torch.float64).index_add_(0, group, values.double()),
-                       mean)
+    mean, std = group_mean_std(values, group, num_groups, weight)
+    w = torch.ones_like(values, dtype=torch.float64) if weight is None else weight.double()
+    count = torch.zeros(num_groups, dtype=torch.float64).index_add_(0, group, w)
+    one = (count - 1).abs() <= 1e-9
+    own = torch.zeros(num_groups, dtype=torch.float64).index_add_(0, group, w * values.double())
+    mean = torch.where(one, own / torch.where(one, count, 1.0), mean)
     centred = values.double() - mean[group]
     return centred / (std[group] + eps) if norm_by_std else centred
+
+
+def _weighted_std(values: torch.Tensor, weight: torch.Tensor) -> float:
+    """Unbiased std with frequency weights: sqrt(Σ w (x − μ)² / (Σ w − 1)), μ = Σ w x / Σ w; 0 for Σ w ≤ 1."""
+    n = float(weight.sum())
+    if n <= 1 + 1e-9:
+        return 0.0
+    mean = float((weight * values).sum()) / n
+    return math.sqrt(float((weight * (values - mean) ** 2).sum()) / (n - 1))
 
 
 def variance_gate(group_std: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -287,7 +323,9 @@ class InfoPOInputs:
 
     turn_rewards [B, T]: r_k (outcome on the last turn); num_turns [B]; token_turn [B, L]: the turn k(i) of each action
     token (anything where action_mask is False); action_mask [B, L]; intrinsic [B, T]: I_t credited to turn t;
-    intrinsic_mask [B, T]: which I_t exist; group [B]: dense prompt-group ids; epoch: for β_t.
+    intrinsic_mask [B, T]: which I_t exist; group [B]: dense prompt-group ids; epoch: for β_t; pool_weight [B, T]
+    (optional): each I_t's weight in its group's pool, 1/|S| for a turn |S| ARPO branches share
+    (``igpo.core.arpo.shared_turn_weights``), None for all 1.
     """
 
     turn_rewards: torch.Tensor
@@ -298,12 +336,17 @@ class InfoPOInputs:
     intrinsic_mask: torch.Tensor
     group: torch.Tensor
     epoch: int = 0
+    pool_weight: torch.Tensor | None = None
 
 
 def infopo_advantage(x: InfoPOInputs, cfg: InfoPOConfig) -> tuple[torch.Tensor, dict[str, float]]:
     """Fused token advantages A [B, L] (float64; returns = advantages) and the ``infopo/*`` statistics."""
     mask = x.action_mask.bool()
     B, L = mask.shape
+    if x.pool_weight is not None and (x.pool_weight.shape != x.intrinsic.shape or bool(
+            ((x.pool_weight <= 0) | (x.pool_weight > 1))[x.intrinsic_mask.bool()].any())):
+        raise ValueError(f"pool_weight must be [B, T] = {tuple(x.intrinsic.shape)} like intrinsic, in (0, 1] on the "
+                         f"scored turns (1/|S| for a turn |S| branches share); got {tuple(x.pool_weight.shape)}.")
     num_groups = int(x.group.max()) + 1 if B else 0
     eps = cfg.epsilon
 
@@ -319,11 +362,16 @@ def infopo_advantage(x: InfoPOInputs, cfg: InfoPOConfig) -> tuple[torch.Tensor, 
     on_turn = mask[:, :, None] & (token_turn[:, :, None] == torch.arange(x.intrinsic.shape[1])[None, None, :])
     turn_len = on_turn.sum(1)  # [B, T]
     scored = x.intrinsic_mask.bool() & (turn_len > 0)
+    measured = x.intrinsic.double()[scored]  # every scored value, zeros included (for the statistics)
+    if cfg.zero_intrinsic == "drop":
+        scored = scored & (x.intrinsic != 0)
     b_idx, t_idx = scored.nonzero(as_tuple=True)
     values = x.intrinsic.double()[b_idx, t_idx]
+    turn_weight = x.pool_weight.double() if x.pool_weight is not None else None
     carries = (on_turn & scored[:, None, :]).any(-1)  # [B, L] tokens that carry an intrinsic value
     if cfg.intrinsic_pool == "turn":
-        pooled = normalize_intrinsic(values, x.group[b_idx], num_groups, eps, cfg.norm_adv_by_std) \
+        pooled = normalize_intrinsic(values, x.group[b_idx], num_groups, eps, cfg.norm_adv_by_std,
+                                     turn_weight[b_idx, t_idx] if turn_weight is not None else None) \
             if cfg.normalize_intrinsic else values
         per_turn = torch.zeros(B, x.intrinsic.shape[1], dtype=torch.float64)
         per_turn[b_idx, t_idx] = pooled
@@ -333,7 +381,8 @@ def infopo_advantage(x: InfoPOInputs, cfg: InfoPOConfig) -> tuple[torch.Tensor, 
         per_turn[b_idx, t_idx] = values / turn_len[b_idx, t_idx]
         raw = torch.where(carries, per_turn.gather(1, token_turn), 0.0)
         tb, ti = carries.nonzero(as_tuple=True)
-        pooled = normalize_intrinsic(raw[tb, ti], x.group[tb], num_groups, eps, cfg.norm_adv_by_std) \
+        token_weight = turn_weight.gather(1, token_turn)[tb, ti] if turn_weight is not None else None
+        pooled = normalize_intrinsic(raw[tb, ti], x.group[tb], num_groups, eps, cfg.norm_adv_by_std, token_weight) \
             if cfg.normalize_intrinsic else raw[tb, ti]
         a_int = torch.zeros(B, L, dtype=torch.float64)
         a_int[tb, ti] = pooled
@@ -342,7 +391,12 @@ def infopo_advantage(x: InfoPOInputs, cfg: InfoPOConfig) -> tuple[torch.Tensor, 
         return float(v.std()) if v.numel() > 1 else 0.0
 
     sigma_out = std(a_out[mask]) + eps
-    sigma_int = std(a_int[carries]) + eps
+    if cfg.cap_std_over == "all_action_tokens":
+        sigma_int = std(a_int[mask]) + eps
+    elif turn_weight is None:
+        sigma_int = std(a_int[carries]) + eps
+    else:  # ARPO: the copies of a shared turn's tokens weigh 1/|S| (the de-duplicated tokens' spread)
+        sigma_int = _weighted_std(a_int[carries], turn_weight.gather(1, token_turn)[carries]) + eps
     m = min(1.0, max(sigma_out, 1.0) / sigma_int)
     gate = variance_gate(std_g[x.group], cfg.gate_temperature)
     beta = cfg.intrinsic_weight * math.exp(-cfg.decay * x.epoch)
@@ -361,13 +415,14 @@ def infopo_advantage(x: InfoPOInputs, cfg: InfoPOConfig) -> tuple[torch.Tensor, 
         "gate_min": float(gate.min()) if B else 0.0,
         "gate_max": float(gate.max()) if B else 0.0,
         "group_std_mean": float(std_g[x.group].mean()) if B else 0.0,
-        "intrinsic_raw_mean": float(values.mean()) if values.numel() else 0.0,
-        "intrinsic_raw_std": std(values),
+        "intrinsic_raw_mean": float(measured.mean()) if measured.numel() else 0.0,
+        "intrinsic_raw_std": std(measured),
         "intrinsic_std": std(a_int[carries]),
         "magnitude_ratio": m,
         "beta_t": beta,
         "contribution_ratio": int_abs / (out_abs + int_abs) if out_abs + int_abs > 0 else 0.0,
-        "scored_turns": float(values.numel()),
+        "scored_turns": float(measured.numel()),
+        "pooled_turns": float(values.numel()),
         "credit_fallbacks": float(fallback.sum()),
         "adv_abs_mean": float(advantages[mask].abs().mean()) if bool(mask.any()) else 0.0,
     }

@@ -7,7 +7,8 @@ in a GRPO-style turn-level advantage (research/igpo.md). Rewards are placed at t
                                                          in place of its IG with format_penalty_mode=in_ig_pool)
 
 as reward positions (``igpo.core.info_gain.turn_boundaries``; no [B, L] reward tensor is built), then
-``igpo.core.advantage.advantage_at_boundaries``. v is the policy's log-probability of the gold answer after each
+``igpo.core.advantage.advantage_at_boundaries``. With ARPO branches, an IG turn that |S| trajectories share (copied
+before their branch point) weighs 1/|S| on each copy in the group statistics: counted once. v is the policy's log-probability of the gold answer after each
 turn: scored by the rollout engine during the rollout (``score_on=rollout``) or here by the actor's packed scorer
 (``score_on=actor``). The warm-up gate (``ig_warmup_timing``) and the curriculum are applied here; the gate's state is
 saved with the checkpoint. An empty turn (an aborted generation) ends on its untrained end-of-turn token: its IG or
@@ -24,6 +25,7 @@ import torch
 
 from igpo.config import IGPOConfig
 from igpo.core.advantage import WarmupGate, advantage_at_boundaries, curriculum_weights, last_response_token
+from igpo.core.arpo import shared_turn_weights
 from igpo.core.ground_truth import answer_probes
 from igpo.core.info_gain import ig_by_answer_seen, penalty_into_ig_pool, reduce_alias_logprobs, scored_boundaries, \
     turn_boundaries, turn_format_penalty, turn_information_gain
@@ -94,7 +96,9 @@ class IGPOMethod(Method):
         if cfg.info_gain.format_penalty_mode == "in_ig_pool":
             ig, ig_turn_mask, tool_penalty = penalty_into_ig_pool(ig, ig_turn_mask, tool_penalty)
         last = torch.where(infra.rows, -1, last)
-        bounds = turn_boundaries(ig, ig_turn_mask, tool_penalty, turn_ends[:, :-1], outcome, last, infra.loss_mask)
+        weight = self._shared_turn_weights(batch, ig_turn_mask, metrics)
+        bounds = turn_boundaries(ig, ig_turn_mask, tool_penalty, turn_ends[:, :-1], outcome, last, infra.loss_mask,
+                                 weight=weight)
 
         w_outcome, w_ig = curriculum_weights(batch.step, batch.total_steps, cfg.curriculum, ig_active=gate_open)
         # Empty turns (aborted generations) end on untrained tokens; their rewards still count (masked_turns_ok).
@@ -111,6 +115,20 @@ class IGPOMethod(Method):
         if cfg.curriculum.enabled:
             metrics["curriculum/f1_weight"], metrics["curriculum/ig_weight"] = w_outcome, w_ig
         return MethodResult(advantages, returns, metrics, turn_values=ig[ig_turn_mask])
+
+    @staticmethod
+    def _shared_turn_weights(batch: StepBatch, ig_turn_mask: torch.Tensor, metrics: dict) -> torch.Tensor | None:
+        """Pool weights [B, T−1] of the IG positions when ARPO branched (None otherwise: the plain pool). IG_j is
+        fixed by the tokens through turn j's tool result, and branches start at tool-result ends, so rows whose
+        shared prefix covers turn j's last token + 1 hold the same IG_j: each copy weighs 1/|S| in the group's μ/σ."""
+        meta = batch.turns.branch_meta()
+        if not bool((meta["parent"] >= 0).any()):
+            return None
+        ends = batch.turns.turn_ends[:, :-1] + 1
+        weight, _ = shared_turn_weights(ends, ig_turn_mask, batch.group, meta["index"], meta["parent"],
+                                        meta["branch_pos"], batch.response_mask.shape[1])
+        metrics["igpo/shared_ig_turns"] = float((ig_turn_mask & (weight < 1)).sum())
+        return torch.where(ig_turn_mask, weight, 1.0)
 
     def _score_on_actor(self, batch: StepBatch, scorer: Any, scored: torch.Tensor,
                         metrics: dict) -> tuple[torch.Tensor, float]:

@@ -2,7 +2,9 @@
 observation changed the policy's next action versus a placeholder observation. The actor scores each observation's
 counterfactual (content replaced by ``algorithm.infopo.placeholder``, template kept;
 ``IGPOActorRolloutRefWorker.infopo_score_counterfactuals``), and ``igpo.core.infopo.infopo_advantage`` fuses the
-group-normalised intrinsic values with the outcome advantage through the variance gate; ``infopo/*`` metrics.
+group-normalised intrinsic values with the outcome advantage through the variance gate; ``infopo/*`` metrics. With
+ARPO branches, a turn whose I_t |S| trajectories share (their common prefix runs through its next action) weighs
+1/|S| on each copy in the group's μ^I/σ^I: counted once.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 import torch
 
 from igpo.config import infopo_config_from_algorithm
+from igpo.core.arpo import shared_turn_weights
 from igpo.core.infopo import ContinuationRequest, InfoPOInputs, infopo_advantage, observation_content_span
 from igpo.core.infra import token_turns
 from igpo.integration.methods import Method, MethodResult, StepBatch, register_method
@@ -63,19 +66,42 @@ class InfoPOMethod(Method):
         has_turns = num_turns > 0
         turn_rewards[has_turns, (num_turns - 1).clamp(min=0)[has_turns]] = outcome[has_turns]
         keep = torch.nonzero(~infra.rows).squeeze(1)
+        pool_weight = self._shared_turn_weights(batch, intrinsic, scored & ~infra.turns & ~infra.rows[:, None], metrics)
         # infopo_advantage wants dense group ids: renumber the groups of the rows that stay.
         _, kept_group = torch.unique(batch.group[keep], return_inverse=True)
         inputs = InfoPOInputs(turn_rewards=turn_rewards[keep], num_turns=torch.where(has_turns, num_turns, 0)[keep],
                               token_turn=token_turns(turns.turn_ends, num_turns, L)[keep],
                               action_mask=infra.loss_mask[keep], intrinsic=intrinsic[keep],
                               intrinsic_mask=(scored & ~infra.turns)[keep], group=kept_group.reshape(-1),
-                              epoch=int(batch.epoch))
+                              epoch=int(batch.epoch),
+                              pool_weight=pool_weight[keep] if pool_weight is not None else None)
         advantages = torch.zeros(B, L, dtype=torch.float64)
         if keep.numel():
             advantages[keep], stats = infopo_advantage(inputs, self.infopo)
             metrics.update({f"infopo/{k}": v for k, v in stats.items()})
         return MethodResult(advantages, advantages, metrics,
                             turn_values=intrinsic[scored & ~infra.turns & ~infra.rows[:, None]])
+
+    def _shared_turn_weights(self, batch: StepBatch, intrinsic: torch.Tensor, pooled: torch.Tensor,
+                             metrics: dict) -> torch.Tensor | None:
+        """Pool weights [B, T] of the intrinsic values when ARPO branched (None otherwise: the plain pool). I_t is fixed
+        by the tokens through the NEXT action a_{t+1} (it scores a_{t+1} with and without o_t), so only rows whose
+        shared prefix covers a_{t+1}'s last token + 1 hold the same I_t; each copy weighs 1/|S| in the group's
+        μ^I/σ^I. ``pooled`` [B, T]: the scored turns that stay (before ``zero_intrinsic``)."""
+        meta = batch.turns.branch_meta()
+        if not bool((meta["parent"] >= 0).any()):
+            return None
+        turns = batch.turns
+        B, T = turns.turn_ends.shape
+        ends = torch.ones(B, T, dtype=torch.long)
+        ends[:, :-1] = turns.turn_ends[:, 1:] + 1
+        pooled = pooled & (torch.arange(T)[None, :] < (turns.num_turns[:, None] - 1))
+        if self.infopo.zero_intrinsic == "drop":
+            pooled = pooled & (intrinsic != 0)
+        weight, _ = shared_turn_weights(ends, pooled, batch.group, meta["index"], meta["parent"], meta["branch_pos"],
+                                        batch.response_mask.shape[1])
+        metrics["infopo/shared_turns"] = float((pooled & (weight < 1)).sum())
+        return torch.where(pooled, weight, 1.0)
 
     def counterfactual(self, batch: StepBatch, scorer: Any,
                        metrics: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
