@@ -121,7 +121,7 @@ else
         # A tiny Qwen2 with the world's names as tokens, pre-trained to copy a name it just read, then warm-started
         # into an imperfect searcher on a practice world (same names, other facts); both cached under .cache/.
         if [ -f "$ROOT/.cache/tiny_demo_warm/igpo_warmstart.json" ]; then
-            echo "igpo: using the cached tiny demo model in .cache/ (rebuilt only if its inputs changed)"
+            echo "igpo: checking the cached tiny demo model in .cache/ (rebuilt, a few minutes, when its inputs changed)"
         else
             echo "igpo: preparing the tiny demo model (first run: about three minutes; cached afterwards)"
         fi
