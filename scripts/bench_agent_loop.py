@@ -22,7 +22,8 @@ Measured side by side in one run, per path:
   - throughput = trajectories per second with many trajectories running concurrently in one event loop.
 
 Usage: .venv/bin/python scripts/bench_agent_loop.py [--trajectories 4] [--concurrent 16]
-Last line, the worse path's ratio first (goal: <= 1.5):
+Every figure is measured in --rounds rounds (3), the paths alternating in order; each is printed as median (min, max)
+and the last line gives the medians, the worse path's ratio first (goal: <= 1.5):
     agent loop: per_turn_cost_ratio_turn200_vs_turn10=<r> actor=<a> rollout=<b> trajectories_per_s_actor=<t>
     trajectories_per_s_rollout=<u>
 """
@@ -45,6 +46,7 @@ from omegaconf import OmegaConf  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap  # noqa: E402
 from verl.workers.rollout.replica import TokenOutput  # noqa: E402
+from benchmark_report import Rounds, check_rounds, machine_line  # noqa: E402
 
 from igpo.agent.agent_loop import IGPOAgentLoop  # noqa: E402
 from igpo.demo.tiny_model import build_tiny_model  # noqa: E402
@@ -183,24 +185,37 @@ async def main(args) -> None:
     ]
     answer = tokenizer.encode("<think>done</think><answer>x</answer>", add_special_tokens=False) + [eot]
 
-    results = {path: await measure(tokenizer, turns, answer, args, path) for path in ("actor", "rollout")}
-    ratio = {path: r["t200"] / r["t10"] for path, r in results.items()}
-    length = results["rollout"]["length"]
+    paths = ("actor", "rollout")
+    runs = {path: [] for path in paths}
+    for r in range(args.rounds):  # rounds alternate the paths' order, so drifting load falls on both
+        for path in (paths if r % 2 == 0 else paths[::-1]):
+            runs[path].append(await measure(tokenizer, turns, answer, args, path))
+    ratio = {path: Rounds(m["t200"] / m["t10"] for m in runs[path]) for path in paths}
+    per_s = {path: Rounds(m["per_s"] for m in runs[path]) for path in paths}
+    length = statistics.mean(m["length"] for m in runs["rollout"])
     print(f"context at the end of a trajectory: {length:.0f} tokens over {TURNS} turns")
-    for path, r in results.items():
-        print(f"{path:7s} per-turn loop cost: turn~10 {r['t10'] * 1e6:.0f} us, turn~200 {r['t200'] * 1e6:.0f} us "
-              f"(ratio {ratio[path]:.3f}); {args.concurrent} concurrent trajectories: {r['per_s']:.2f}/s")
+    for path in paths:
+        t10 = Rounds(m["t10"] * 1e6 for m in runs[path])
+        t200 = Rounds(m["t200"] * 1e6 for m in runs[path])
+        print(f"{path:7s} per-turn loop cost: turn~10 {t10.describe('.0f', ' us')}; turn~200 "
+              f"{t200.describe('.0f', ' us')}; ratio {ratio[path].describe('.3f')}; {args.concurrent} concurrent "
+              f"trajectories: {per_s[path].describe('.2f', '/s')}")
+    worst = max(ratio[path].median for path in paths)
     in_loop, in_server = engine_side_cost(int(length))
     print(f"engine round trip, not timed above (per scoring request at {length:.0f} tokens, Ray pickling of the "
           f"prompt and of verl's prompt_logprobs rows): {in_loop * 1e3:.2f} ms in the agent-loop process, "
           f"{in_server * 1e3:.2f} ms in the server")
-    print(f"agent loop: per_turn_cost_ratio_turn200_vs_turn10={max(ratio.values()):.3f} actor={ratio['actor']:.3f} "
-          f"rollout={ratio['rollout']:.3f} trajectories_per_s_actor={results['actor']['per_s']:.2f} "
-          f"trajectories_per_s_rollout={results['rollout']['per_s']:.2f}")
+    print(f"agent loop: per_turn_cost_ratio_turn200_vs_turn10={worst:.3f} actor={ratio['actor'].median:.3f} "
+          f"rollout={ratio['rollout'].median:.3f} trajectories_per_s_actor={per_s['actor'].median:.2f} "
+          f"trajectories_per_s_rollout={per_s['rollout'].median:.2f}")
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trajectories", type=int, default=4, help="sequential trajectories for the per-turn cost")
     parser.add_argument("--concurrent", type=int, default=16, help="concurrent trajectories for the throughput")
-    asyncio.run(main(parser.parse_args()))
+    parser.add_argument("--rounds", type=int, default=3, help="measurements of both paths (>= 3); medians reported")
+    args = parser.parse_args()
+    check_rounds(args.rounds)
+    print(machine_line("1 (one asyncio event loop; tokenizer calls on it)"))
+    asyncio.run(main(args))

@@ -45,6 +45,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmark_report import Rounds, check_rounds, machine_line  # noqa: E402
+
 from igpo.core.ground_truth import Probe  # noqa: E402
 from igpo.core.infopo import ContinuationRequest, counterfactual_sequence, observation_content_span  # noqa: E402
 from igpo.core.scoring import ScoringConfig, score_continuations  # noqa: E402
@@ -147,11 +149,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tool-turns", type=int, default=16)
     parser.add_argument("--prompt-len", type=int, default=256)
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds (>= 3)")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
 
+    check_rounds(args.rounds)
     torch.set_num_threads(args.threads)
+    print(machine_line(args.threads))
     ids, boundaries, ends = trajectory(args.tool_turns, args.prompt_len)
     model = build_model(len(ids) + 64)
     turns = build_turns(ids, boundaries, ends)
@@ -187,9 +191,9 @@ def main() -> int:
     for name, values in seconds.items():
         print(f"  {name} per round: {', '.join(f'{s:.2f}' for s in values)} s wall, "
               f"{', '.join(f'{c:.2f}' for c in cpu[name])} s CPU")
-    print(f"  speedup sampled_logratio per round: {', '.join(f'{x:.2f}' for x in ratio_lr)}; kl: "
-          f"{', '.join(f'{x:.2f}' for x in ratio_kl)}; sampled_logratio in CPU time: "
-          f"{', '.join(f'{x:.2f}' for x in ratio_cpu)}")
+    print(f"  speedup sampled_logratio {Rounds(ratio_lr).describe('.2f', 'x')}")
+    print(f"  speedup kl {Rounds(ratio_kl).describe('.2f', 'x')}")
+    print(f"  speedup sampled_logratio in CPU time {Rounds(ratio_cpu).describe('.2f', 'x')}")
     print(f"  I_t sampled_logratio mean |I| {float(naive_lr.abs().mean()):.3e}, max |ours - naive| {diff_lr:.1e}; "
           f"kl mean {float(naive_kl.mean()):.3e}, max |ours - naive| {diff_kl:.1e}")
     print(f"infopo: speedup_vs_two_forward={statistics.median(ratio_lr):.2f}x max_abs_diff={max_abs_diff:.1e} "

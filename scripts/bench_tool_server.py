@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import httpx  # noqa: E402
+from benchmark_report import Rounds, check_rounds, machine_line  # noqa: E402
 
 from tool_server import ToolClient  # noqa: E402
 
@@ -127,8 +128,10 @@ async def main() -> None:
     p.add_argument("--concurrency", type=int, default=16, help="the tool server's --search-concurrency C")
     p.add_argument("--latency", type=float, default=0.2, help="fake upstream latency in seconds")
     p.add_argument("--trials", type=int, default=3,
-                   help="fresh query sets; the median trial is reported (the 2-core CI box is shared and noisy)")
+                   help="fresh query sets (>= 3); min / median / max over them, the median in the last line")
     args = p.parse_args()
+    check_rounds(args.trials, "--trials")
+    print(machine_line("3 processes (client event loop, tool server, fake upstream), one event loop each"))
 
     ctx = multiprocessing.get_context("spawn")
     port_out = ctx.Queue()
@@ -164,6 +167,8 @@ async def main() -> None:
     bound = args.concurrency / args.latency
     cold, warm = statistics.median(colds), statistics.median(warms)
     throughput = args.requests / cold
+    vs_bound = Rounds(args.requests / c / bound for c in colds)
+    hit_speedup = Rounds(c / w for c, w in zip(colds, warms))
     print(f"requests={args.requests} C={args.concurrency} upstream_latency={args.latency * 1000:.0f}ms "
           f"trials={args.trials} (median reported)")
     print(f"cold   s per trial: {' '.join(f'{t:.3f}' for t in colds)}  -> {throughput:.1f} req/s; bound {bound:.1f} "
@@ -180,9 +185,11 @@ async def main() -> None:
               f"ramp-up {ramp * 1000:.0f} ms until all {args.concurrency} slots were busy")
     want = args.requests * args.trials
     print(f"upstream calls={upstream_calls} (want {want})  peak upstream concurrency={peak} (limit {args.concurrency})")
+    print(f"throughput_vs_bound per trial {vs_bound.describe('.3f')}; cache_hit_speedup per trial "
+          f"{hit_speedup.describe('.1f', 'x')}")
     if upstream_calls != want or peak > args.concurrency:
         raise SystemExit("FAIL: the concurrency limit or the one-call-per-query guarantee was violated")
-    print(f"tool server: throughput_vs_bound={throughput / bound:.3f} cache_hit_speedup={cold / warm:.1f}x")
+    print(f"tool server: throughput_vs_bound={vs_bound.median:.3f} cache_hit_speedup={hit_speedup.median:.1f}x")
 
 
 if __name__ == "__main__":
