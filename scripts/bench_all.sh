@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Runs every benchmark (scripts/bench_*.py) once, one after another, and writes results/bench/<date>.md (date from
+# `date +%F`; a second run on the same day writes <date>-2.md, and so on): the machine, each script's last line and
+# wall time, and each script's full output. About 10-13 minutes on 2 shared cores.
+#
+# Usage: scripts/bench_all.sh            (exit status 1 if any benchmark failed; the others still run)
+# bench_bm25 runs on 200,000 synthetic passages here (its default is 1,000,000, ~3x longer per round).
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+source scripts/env.sh
+
+declare -A ARGS=([bench_bm25]="--passages 200000")
+ORDER=(bench_advantage bench_scoring bench_infopo bench_agent_loop bench_tool_server bench_bm25)
+for script in scripts/bench_*.py; do  # a new benchmark is never skipped silently
+    name=$(basename "$script" .py)
+    [[ " ${ORDER[*]} " == *" $name "* ]] || ORDER+=("$name")
+done
+
+mkdir -p results/bench
+day=$(date +%F)
+out=results/bench/$day.md
+n=2
+while [[ -e $out ]]; do out=results/bench/$day-$n.md; n=$((n + 1)); done
+logs=$(mktemp -d)
+trap 'rm -rf "$logs"' EXIT
+
+started=$(date +%s)
+{
+    echo "# Benchmarks, $(date '+%F %H:%M %Z')"
+    echo
+    echo "- machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //'), $(nproc) cores," \
+         "$(free -g | awk '/^Mem:/ {print $2}') GiB RAM; load average at start $(cut -d' ' -f1-3 /proc/loadavg)"
+    echo "- commit: $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- scripts igpo/core tests || echo ' (+ uncommitted changes)')"
+    echo "- python: $("$PY" -c 'import sys, torch; print(sys.version.split()[0], "torch", torch.__version__)')"
+    echo
+    echo "| script | last line | wall s | exit |"
+    echo "|---|---|---|---|"
+} > "$out.tmp"
+
+status=0
+declare -A RC
+for name in "${ORDER[@]}"; do
+    t0=$(date +%s)
+    # shellcheck disable=SC2086  # ARGS holds space-separated options
+    "$PY" "scripts/$name.py" ${ARGS[$name]:-} > "$logs/$name.out" 2> "$logs/$name.err"
+    rc=$?
+    RC[$name]=$rc
+    wall=$(($(date +%s) - t0))
+    last=$(tail -n 1 "$logs/$name.out")
+    [[ $rc -eq 0 ]] || { status=1; last="FAILED: $(tail -n 1 "$logs/$name.err")"; }
+    echo "| \`$name.py ${ARGS[$name]:-}\` | \`$last\` | $wall | $rc |" >> "$out.tmp"
+    echo "$name: rc=$rc ${wall}s: $last" >&2
+done
+
+{
+    echo
+    echo "Total wall time: $(($(date +%s) - started)) s; load average at the end $(cut -d' ' -f1-3 /proc/loadavg)."
+    for name in "${ORDER[@]}"; do
+        echo
+        echo "## $name"
+        echo
+        echo '```'
+        cat "$logs/$name.out"
+        [[ ${RC[$name]} -eq 0 ]] || tail -n 20 "$logs/$name.err"
+        echo '```'
+    done
+} >> "$out.tmp"
+mv "$out.tmp" "$out"
+echo "wrote $out" >&2
+exit $status
