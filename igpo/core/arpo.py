@@ -16,7 +16,9 @@ Symbols (one prompt; M = rollouts per prompt, N initial samples, Z branch factor
     branching       P_t = clip(τ + β · ΔH_t, 0, 1). Each eligible trajectory makes Z − 1 attempts per round, attempt a
                     accepted iff u_a < P_t, u_a ~ U[0, 1) drawn from a generator keyed by (seed, step, rank, prompt,
                     round) and indexed by the trajectory's index in its prompt; accepted branches are granted in
-                    index order while the prompt has fewer than M trajectories.
+                    index order while the prompt has fewer than M trajectories. One round per tool result: a branch's
+                    first turn starts at its own branch point, which its source already branched from, so it is no
+                    source there (``may_branch_at``); at most Z − 1 new paths per tool result.
     budget          when no trajectory of the prompt is running after a round and it has fewer than M, the missing
                     ones start as fresh top-ups, all in that round. Nothing is duplicated to reach M.
     sharing         D(i, j): how many response tokens trajectories i and j share by construction; the minimum of the
