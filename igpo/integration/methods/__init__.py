@@ -105,6 +105,8 @@ def register_method(*names: str) -> Callable[[type[Method]], type[Method]]:
     """Class decorator: ``algorithm.adv_estimator=<name>`` selects the class. A name taken by another class raises."""
 
     def decorate(cls: type[Method]) -> type[Method]:
+        if "name" not in cls.__dict__:  # metric prefixes (timing_s/<name>_advantage) use the first registered name
+            cls.name = names[0]
         for name in names:
             if METHODS.get(name, cls) is not cls:
                 raise ValueError(f"method name {name!r} is taken by {METHODS[name].__module__}.{METHODS[name].__name__}")
