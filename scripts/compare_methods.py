@@ -44,6 +44,7 @@ METHODS: dict[str, list[str]] = {
     "igpo": ["algorithm.adv_estimator=igpo"],
     "infopo": ["algorithm.adv_estimator=infopo"],
     "arpo": ["algorithm.adv_estimator=grpo", "algorithm.arpo.enabled=true"],
+    "igpo_arpo": ["algorithm.adv_estimator=igpo", "algorithm.arpo.enabled=true"],
 }
 STEP_LINE = re.compile(r"step:(\d+) - (.*)")
 METRIC = re.compile(r"([A-Za-z0-9_@/\-.]+):(-?[0-9.]+(?:[eE][-+]?[0-9]+)?|nan|inf)")
@@ -136,11 +137,17 @@ def fmt(values: list[float]) -> str:
     return f"{statistics.fmean(values):.3f} ± {spread:.3f}"
 
 
-def data_hash() -> str:
-    """The demo world's files as train_igpo.sh wrote them (questions, corpora, vocabulary)."""
+def demo_task(extra: list[str]) -> str:
+    """The CPU demo's task the runs use (``demo.task=`` among the overrides; hops by default)."""
+    return next((value.split("=", 1)[1] for value in extra if value.startswith("demo.task=")), "hops")
+
+
+def data_hash(task: str = "hops") -> str:
+    """The demo world's files as train_igpo.sh wrote them (questions, corpora, vocabulary) for ``task``."""
     digest = hashlib.sha256()
+    folder = ROOT / ".cache" / ("demo_world" if task == "hops" else f"demo_world_{task}")
     for name in ("train.parquet", "val.parquet", "corpus.jsonl", "practice_corpus.jsonl", "vocabulary.txt"):
-        digest.update((ROOT / ".cache" / "demo_world" / name).read_bytes())
+        digest.update((folder / name).read_bytes())
     return digest.hexdigest()[:16]
 
 
@@ -166,7 +173,7 @@ def write_outputs(out: Path, runs: dict[str, list[Run]], args: argparse.Namespac
         "# CPU method comparison (`scripts/compare_methods.py`)", "",
         f"Settings: {args.steps} steps, {trajectories} trajectories per step, validation every {args.val_every} "
         f"steps on the demo's held-out split, seeds {','.join(map(str, args.seeds))}; extra overrides: "
-        f"{' '.join(args.extra) or 'none'}. Commit {commit}, data hash {data_hash()}, "
+        f"{' '.join(args.extra) or 'none'}. Commit {commit}, data hash {data_hash(demo_task(args.extra))}, "
         f"{time.strftime('%Y-%m-%d', time.gmtime())}.", "",
         "| method | val F1 before | val F1 after | train score (last step) | tool calls / trajectory | wall s / run |",
         "|---|---|---|---|---|---|",

@@ -79,3 +79,72 @@ def test_cpu_demo_config_matches_the_warm_start_settings():
         demo_world.PROMPT_LENGTH, demo_world.RESPONSE_LENGTH)
     script = (REPO / "train_igpo.sh").read_text()
     assert f'TOOL_TOPK="${{TOOL_TOPK:-{demo_world.TOPK}}}"' in script
+
+
+# ---- the long-horizon task (demo.task=chain) ------------------------------------------------------------------------
+
+
+def test_chain_world_keeps_the_names_and_facts_and_adds_two_relations():
+    hops, chain = build_world(), build_world(WorldConfig(task="chain"))
+    assert chain == build_world(WorldConfig(task="chain")) and chain.task == "chain" and hops.task == "hops"
+    assert (chain.employer, chain.hq, chain.val_names) == (hops.employer, hops.hq, hops.val_names)
+    assert chain.vocabulary() == hops.vocabulary()  # the same tokenizer
+    assert all(chain.mentor[p] != p and chain.mentor[p] in chain.employer for p in chain.employer)
+    assert set(chain.founder) == set(chain.hq) and set(chain.founder.values()) <= set(chain.employer)
+    questions = chain.questions("val")
+    assert {q.kind for q in questions} == {"chain3", "chain4"} and len(questions) == 2 * len(chain.split("val"))
+    for q in questions:
+        path = chain.chain(q)
+        assert len(path) == q.hops and path[0] == q.person
+        # each searched entity's passage names the next one (and the last one's names the answer)
+        nxt = [chain.mentor[path[0]], chain.employer[path[1]], chain.founder[path[2]]] + \
+            ([chain.mentor[path[3]]] if q.hops == 4 else [])
+        assert path[1:] == nxt[:-1] and q.answer == nxt[-1]
+    passage = next(r["contents"] for r in chain.passages() if r["contents"].startswith(f'"{questions[0].person}"'))
+    import re
+
+    assert len(set(re.findall(r"@\w+", passage))) == 2  # the person and a second handle (its mentor): a distractor
+
+
+def test_chain_world_is_written_and_every_entity_retrieves_its_own_passage(tmp_path):
+    paths = write_world(tmp_path, CORPUS, WorldConfig(task="chain"))  # raises otherwise
+    val = pq.read_table(paths["val"]).to_pylist()
+    assert {row["data_source"] for row in val} == {"demo_world_chain3", "demo_world_chain4"}
+    practice = practice_world(build_world(WorldConfig(task="chain")), 0)
+    person = practice.split("train")[0]
+    assert f"{person} is mentored by {practice.mentor[person]}." in paths["practice_corpus"].read_text()
+
+
+def test_chain_warm_start_policy_knows_the_protocol_but_rarely_completes_a_chain():
+    world = practice_world(build_world(WorldConfig(task="chain")), 0)
+    rng = random.Random(0)
+    plans = [(q, warm_start_plan(world, q, rng)) for q in world.questions("train") for _ in range(20)]
+    correct = sum(p.answer == q.answer for q, p in plans) / len(plans)
+    assert correct < 0.08, correct  # sparse outcome: ~0.6 x 0.35^(hops-1), plus 1/128 guesses
+    searched = [(q, p) for q, p in plans if p.queries]
+    assert 0.5 < len(searched) / len(plans) < 0.7
+    for q, p in searched:  # every search names the chain's next entity, read from the previous passage
+        assert list(p.queries) == world.chain(q)[:len(p.queries)]
+    assert all(p.answer == q.answer for q, p in searched if len(p.queries) == q.hops)
+
+
+def test_cpu_demo_chain_config_matches_the_chain_settings():
+    config = yaml.safe_load((REPO / "configs" / "cpu_demo_chain.yaml").read_text())
+    assert config["defaults"][0] == "cpu_demo"
+    assert config["algorithm"]["igpo"]["agent"]["max_turns"] == demo_world.CHAIN_MAX_TURNS
+    assert config["data"]["max_response_length"] == demo_world.CHAIN_RESPONSE_LENGTH
+    rollout = config["actor_rollout_ref"]["rollout"]
+    assert rollout["response_length"] == demo_world.CHAIN_RESPONSE_LENGTH
+    assert rollout["max_model_len"] >= demo_world.PROMPT_LENGTH + demo_world.CHAIN_RESPONSE_LENGTH
+    assert config["data"]["val_batch_size"] == len(build_world(WorldConfig(task="chain")).questions("val"))
+    settings = demo_world.warm_start_config(task="chain")
+    assert (settings.max_turns, settings.response_length) == (demo_world.CHAIN_MAX_TURNS,
+                                                              demo_world.CHAIN_RESPONSE_LENGTH)
+
+
+def test_an_unknown_demo_task_is_refused_by_the_launcher():
+    import subprocess
+
+    out = subprocess.run(["bash", "train_igpo.sh", "--dry-run", "demo.task=chains"], cwd=REPO, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 2 and "demo.task=chains is unknown" in out.stderr

@@ -270,3 +270,30 @@ def test_ig_by_answer_seen_splits_applied_turns_and_never_reports_an_empty_mean_
     assert empty["ig_count_answer_seen"] == 0.0 and math.isnan(empty["ig_mean_answer_seen"])
     with pytest.raises(ValueError, match="answer_seen must be bool"):
         ig_by_answer_seen(ig, mask, seen.float())
+
+
+def test_ig_by_hop_reports_each_tool_calls_rank_and_never_an_empty_mean_as_zero():
+    from igpo.core.info_gain import ig_by_hop
+
+    ig = torch.tensor([[-0.5, -0.2, 2.0], [0.3, 0.0, 0.0]])
+    mask = torch.tensor([[True, True, True], [True, False, False]])
+    hop = torch.tensor([[1, 2, 3], [1, 0, 0]])
+    out = ig_by_hop(ig, mask, hop, max_hop=4)
+    assert out["ig_hop1_count"] == 2.0 and out["ig_hop1_mean"] == pytest.approx(-0.1)
+    assert out["ig_hop1_negative_share"] == 0.5 and out["ig_hop2_negative_share"] == 1.0
+    assert out["ig_hop3_mean"] == pytest.approx(2.0) and out["ig_hop4_count"] == 0.0
+    assert math.isnan(out["ig_hop4_mean"]) and math.isnan(out["ig_hop4_negative_share"])
+    with pytest.raises(ValueError, match="hop must be"):
+        ig_by_hop(ig, mask, hop[:, :2])
+
+
+def test_same_outcome_share_counts_groups_without_a_signal():
+    from igpo.core.advantage import same_outcome_share
+
+    outcome = torch.tensor([1.0, 1.0, 0.0, 0.5, 0.0, 0.0])
+    group = torch.tensor([0, 0, 1, 1, 2, 2])
+    assert same_outcome_share(outcome, group) == pytest.approx(2 / 3)
+    # leaving row 3 out makes group 1 a one-row group (same outcome); a group with no kept row is not counted
+    keep = torch.tensor([True, True, True, False, False, False])
+    assert same_outcome_share(outcome, group, keep) == 1.0
+    assert math.isnan(same_outcome_share(outcome, group, torch.zeros(6, dtype=torch.bool)))

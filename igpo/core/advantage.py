@@ -567,3 +567,18 @@ def curriculum_weights(step: int, total_steps: int, cfg: CurriculumConfig, ig_ac
         raise ValueError(f"total_steps={total_steps!r} must be positive when the curriculum is enabled.")
     p = min(max(step, 0) / total_steps, 1.0)
     return cfg.f1_init + (cfg.f1_final - cfg.f1_init) * p, cfg.ig_init + (cfg.ig_final - cfg.ig_init) * p
+
+
+def same_outcome_share(outcome: Tensor, group: Tensor, keep: Tensor | None = None) -> float:
+    """The share of prompt groups whose kept trajectories all scored the same outcome: under a group-relative
+    (GRPO-style) outcome advantage such a group carries no learning signal. ``outcome`` [B], ``group`` [B] long (dense
+    ids), ``keep`` [B] bool (default all); groups with no kept row are not counted. NaN when none is counted."""
+    keep = torch.ones_like(group, dtype=torch.bool) if keep is None else keep
+    if not bool(keep.any()):
+        return float("nan")
+    values, ids = outcome[keep].double(), group[keep]
+    size = int(group.max()) + 1
+    low = torch.full((size,), float("inf"), dtype=torch.float64).scatter_reduce(0, ids, values, "amin")
+    high = torch.full((size,), float("-inf"), dtype=torch.float64).scatter_reduce(0, ids, values, "amax")
+    present = torch.zeros(size, dtype=torch.bool).index_fill_(0, ids, True)
+    return float((low[present] == high[present]).double().mean())

@@ -309,3 +309,25 @@ def ig_by_answer_seen(ig: Tensor, ig_mask: Tensor, answer_seen: Tensor) -> dict[
         out[f"ig_mean_answer_{name}"] = float(ig[rows].double().mean()) if count else float("nan")
         out[f"ig_count_answer_{name}"] = float(count)
     return out
+
+
+def ig_by_hop(ig: Tensor, ig_mask: Tensor, hop: Tensor, max_hop: int = 4) -> dict[str, float]:
+    """Information gain of the k-th tool call of a trajectory, k = 1..``max_hop``: on a chain task, where IG credits
+    a necessary step that does not yet show the answer (the first searches of a chain lower the answer's
+    probability while they name only the next entity).
+
+    Args: ig, ig_mask [B, S-1] from ``turn_information_gain``; hop [B, S-1] long, turn j's rank among the
+    trajectory's tool calls (1 = its first; 0 = not a tool call). Returns ig_hop<k>_mean (NaN when no such turn
+    carries IG), ig_hop<k>_negative_share (of those turns, IG < 0) and ig_hop<k>_count.
+    """
+    if hop.shape != ig.shape:
+        raise ValueError(f"hop must be {tuple(ig.shape)} like ig; got {tuple(hop.shape)}.")
+    out = {}
+    for k in range(1, max_hop + 1):
+        rows = ig_mask & (hop == k)
+        count = int(rows.sum())
+        values = ig[rows].double()
+        out[f"ig_hop{k}_mean"] = float(values.mean()) if count else float("nan")
+        out[f"ig_hop{k}_negative_share"] = float((values < 0).double().mean()) if count else float("nan")
+        out[f"ig_hop{k}_count"] = float(count)
+    return out

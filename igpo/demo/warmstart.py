@@ -666,7 +666,8 @@ def measure_world(model_dir: str | Path, corpus: str | Path, world: Any, *, spli
     """Sample (temperature 1) the world's ``split`` questions through ``IGPOAgentLoop`` + ``HFRolloutServer`` (no Ray).
 
     Returns the mean F1 and what the policy did: searched first, searched the asked person first (right_person),
-    made the second hop on two-hop questions, and the mean F1 per question kind.
+    made the second hop on two-hop questions (the chain task: searched as often as the chain needs, full_chain), and
+    the mean F1 per question kind.
     """
     import torch
     from transformers import AutoTokenizer
@@ -714,12 +715,13 @@ def measure_world(model_dir: str | Path, corpus: str | Path, world: Any, *, spli
             call = parse_turn(first.split("<|im_end|>")[0])
             query = call.arguments.get("query") if call.kind == "tool_call" else None
             right += question.person in " ".join([query] if isinstance(query, str) else query or [])
-        if question.kind == "hq":
+        if question.hops >= 2:  # searched as often as the question needs (the chain task's full chain)
             two_hop += 1
-            hops += len(tools_used) >= 2
+            hops += len(tools_used) >= question.hops
     count = len(questions)
     report = {"n": float(count), "f1": sum(sum(v) for v in scores.values()) / count, "searched": searched / count,
-              "right_person": right / count, "second_hop": hops / two_hop if two_hop else float("nan")}
+              "right_person": right / count,
+              "second_hop" if world.task == "hops" else "full_chain": hops / two_hop if two_hop else float("nan")}
     report.update({f"f1_{kind}": sum(v) / len(v) for kind, v in scores.items()})
     return report
 
@@ -741,6 +743,7 @@ def main() -> None:
     parser.add_argument("--world-seed", type=int, default=None,
                         help="train on the practice world of the generated world of this seed (igpo.demo.world; "
                              "--corpus is its practice_corpus.jsonl) instead of the corpus-title questions")
+    parser.add_argument("--task", default="hops", help="the world's task with --world-seed: hops or chain")
     args = parser.parse_args()
     stamp_path = Path(args.out) / STAMP
     key = (inputs_key(Path(args.base), Path(args.corpus), {k: v for k, v in vars(args).items() if k != "eval"})
@@ -754,8 +757,8 @@ def main() -> None:
         from igpo.demo.world import WorldConfig, build_world, practice_world, warm_start_config
 
         # Trained on the practice world (same names, other facts): --corpus is its practice_corpus.jsonl.
-        world = practice_world(build_world(WorldConfig(seed=args.world_seed)), args.world_seed)
-        config = warm_start_config(max_steps=args.steps)
+        world = practice_world(build_world(WorldConfig(seed=args.world_seed, task=args.task)), args.world_seed)
+        config = warm_start_config(max_steps=args.steps, task=args.task)
     out = warm_start(args.base, args.corpus, args.out, seconds=args.seconds, seed=args.seed, config=config,
                      world=world)
     stamp = json.loads((Path(out) / STAMP).read_text())
@@ -767,7 +770,8 @@ def main() -> None:
         for name, path in (("base", args.base), ("warm", out)):
             if world is not None:  # the world's held-out people, searched in its own corpus next to the practice one
                 report = measure_world(path, Path(args.corpus).with_name("corpus.jsonl"),
-                                       build_world(WorldConfig(seed=args.world_seed)), n=args.eval, seed=args.seed,
+                                       build_world(WorldConfig(seed=args.world_seed, task=args.task)), n=args.eval,
+                                       seed=args.seed,
                                        config=config)
             else:
                 report = asdict(measure(path, args.corpus, n=args.eval, seed=args.seed, config=config))

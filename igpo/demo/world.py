@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import os
 import random
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 DATA_SOURCE = "demo_world"
@@ -37,6 +37,13 @@ QUESTIONS = {
     "employer": "Employer of {person}",
     "hq": "Headquarters city of the employer of {person}",
 }
+# The long-horizon task (demo.task=chain): every answer is a person, found only at the end of a chain of searches,
+# each search's passage naming the next entity among other names of the same kind.
+CHAIN_QUESTIONS = {
+    "chain3": "Founder of the employer of the mentor of {person}",
+    "chain4": "Mentor of the founder of the employer of the mentor of {person}",
+}
+TASKS = ("hops", "chain")
 PERSON_MARK, COMPANY_MARK = "@", "#"
 # The facts of the practice world the demo model is warm-started on: another draw over the same names.
 PRACTICE_SEED_OFFSET = 1_000_003
@@ -55,6 +62,13 @@ TOPK = 1                          # passages per search (the tool server's --def
 WARM_START_STEPS = 600
 WARM_START_LR = 3e-3
 WARM_START_PLANS = 2              # trajectories of the warm-start policy per practice question
+# The chain task (demo.task=chain; configs/cpu_demo_chain.yaml repeats these, a test checks they agree): four searches
+# and the answer, plus two spare turns for mistakes, fit the response budget.
+CHAIN_MAX_TURNS = 7
+CHAIN_RESPONSE_LENGTH = 640
+# Its warm-start policy (chain_plan): calibrated so that few step-0 trajectories are correct.
+CHAIN_P_NO_SEARCH = 0.4
+CHAIN_P_NEXT_HOP = 0.35
 
 _ONSETS = ["b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "dr", "gr", "kr", "tr", "st",
            "th", "sh", "qu", "vr"]
@@ -71,8 +85,11 @@ class WorldConfig:
     companies: int = 16
     cities: int = 12
     seed: int = 0
+    task: str = "hops"
 
     def __post_init__(self):
+        if self.task not in TASKS:
+            raise ValueError(f"demo world: task={self.task!r} is unknown; use one of {TASKS} (demo.task=...)")
         for name in ("people", "companies", "cities"):
             if getattr(self, name) < 2:
                 raise ValueError(f"demo world: {name}={getattr(self, name)} must be >= 2")
@@ -89,7 +106,8 @@ class Question:
 
     @property
     def hops(self) -> int:
-        return 2 if self.kind == "hq" else 1
+        """Searches the question needs."""
+        return {"employer": 1, "hq": 2, "chain3": 3, "chain4": 4}[self.kind]
 
 
 @dataclass(frozen=True)
@@ -98,6 +116,13 @@ class World:
     hq: dict[str, str]            # company tag -> city
     cities: tuple[str, ...]
     val_names: frozenset[str]
+    # The chain task only (empty otherwise): person -> another person, company -> a person.
+    mentor: dict[str, str] = field(default_factory=dict)
+    founder: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def task(self) -> str:
+        return "chain" if self.mentor else "hops"
 
     def split(self, name: str) -> list[str]:
         """The training or the held-out validation people (handles)."""
@@ -107,12 +132,35 @@ class World:
     def questions(self, split: str) -> list[Question]:
         out = []
         for person in self.split(split):
-            answers = {"employer": self.employer[person], "hq": self.hq[self.employer[person]]}
-            out += [Question(kind, person, QUESTIONS[kind].format(person=person), answers[kind]) for kind in QUESTIONS]
+            if self.task == "chain":
+                answers = {"chain3": self.founder[self.employer[self.mentor[person]]]}
+                answers["chain4"] = self.mentor[answers["chain3"]]
+                templates = CHAIN_QUESTIONS
+            else:
+                answers = {"employer": self.employer[person], "hq": self.hq[self.employer[person]]}
+                templates = QUESTIONS
+            out += [Question(kind, person, templates[kind].format(person=person), answers[kind])
+                    for kind in templates]
         return out
+
+    def chain(self, question: Question) -> list[str]:
+        """The entities a chain question's searches must name, in order (the last search's passage holds the
+        answer)."""
+        mentor = self.mentor[question.person]
+        company = self.employer[mentor]
+        path = [question.person, mentor, company]
+        return path + [self.founder[company]] if question.kind == "chain4" else path
 
     def passages(self) -> list[dict]:
         """The world's corpus records, one per person and per company."""
+        if self.task == "chain":  # every passage names two entities: the chain's next one and a distractor
+            records = [{"id": f"world-p{i}", "contents": f'"{p}"\n{p} works for {c}. {p} is mentored by '
+                                                         f'{self.mentor[p]}.'}
+                       for i, (p, c) in enumerate(self.employer.items())]
+            records += [{"id": f"world-c{i}", "contents": f'"{c}"\n{c} is headquartered in {city}. {c} was founded '
+                                                          f'by {self.founder[c]}.'}
+                        for i, (c, city) in enumerate(self.hq.items())]
+            return records
         records = [{"id": f"world-p{i}", "contents": f'"{p}"\n{p} works for {c}.'}
                    for i, (p, c) in enumerate(self.employer.items())]
         records += [{"id": f"world-c{i}", "contents": f'"{c}"\n{c} is headquartered in {city}.'}
@@ -148,7 +196,17 @@ def build_world(config: WorldConfig = WorldConfig()) -> World:
     hq = {COMPANY_MARK + fresh(): rng.choice(cities) for _ in range(config.companies)}
     employer = {PERSON_MARK + fresh(): rng.choice(list(hq)) for _ in range(config.people)}
     val = rng.sample(list(employer), config.val_people)
-    return World(employer, hq, cities, frozenset(val))
+    world = World(employer, hq, cities, frozenset(val))
+    return _with_chain(world, rng) if config.task == "chain" else world
+
+
+def _with_chain(world: World, rng: random.Random) -> World:
+    """The chain task's extra facts, drawn after the shared ones (so the names and the hops world stay the same):
+    each person's mentor (another person), each company's founder."""
+    people = list(world.employer)
+    mentor = {p: rng.choice([q for q in people if q != p]) for p in people}
+    founder = {c: rng.choice(people) for c in world.hq}
+    return replace(world, mentor=mentor, founder=founder)
 
 
 def practice_world(world: World, seed: int) -> World:
@@ -156,7 +214,10 @@ def practice_world(world: World, seed: int) -> World:
     rng = random.Random(seed + PRACTICE_SEED_OFFSET)
     hq = {company: rng.choice(world.cities) for company in world.hq}
     employer = {person: rng.choice(list(hq)) for person in world.employer}
-    return replace(world, employer=employer, hq=hq, val_names=frozenset())
+    practice = replace(world, employer=employer, hq=hq, val_names=frozenset())
+    if world.task == "chain":
+        practice = _with_chain(replace(practice, mentor={}, founder={}), rng)
+    return practice
 
 
 @dataclass(frozen=True)
@@ -177,6 +238,8 @@ def warm_start_plan(world: World, question: Question, rng: random.Random, *, p_n
     For a two-hop question it searches that company with probability ``p_second_hop`` and answers its city;
     otherwise it answers right after the first observation with a random city.
     """
+    if question.kind in CHAIN_QUESTIONS:
+        return chain_plan(world, question, rng)
     if rng.random() < p_no_search:
         pool = list(world.hq) if question.kind == "employer" else list(world.cities)
         return PlannedTrajectory((), rng.choice(pool))
@@ -188,13 +251,35 @@ def warm_start_plan(world: World, question: Question, rng: random.Random, *, p_n
     return PlannedTrajectory((question.person,), rng.choice(world.cities))
 
 
-def warm_start_config(max_steps: int | None = None):
-    """The ``igpo.demo.warmstart.WarmStartConfig`` of the demo model: the demo's agent settings."""
+def chain_plan(world: World, question: Question, rng: random.Random, *, p_no_search: float = CHAIN_P_NO_SEARCH,
+               p_next_hop: float = CHAIN_P_NEXT_HOP) -> PlannedTrajectory:
+    """The warm-start policy on a chain question: it knows the protocol (search a name it read, copy a name into the
+    answer) but rarely follows a chain to its end. It answers at once with a random person with probability
+    ``p_no_search``; otherwise it searches the asked person, then takes each next hop with probability ``p_next_hop``
+    (searching the name the last passage gave for the asked relation), and answers the name its last passage gave
+    when the chain is complete, else a name from that passage's other relation or a random person."""
+    people = list(world.employer)
+    if rng.random() < p_no_search:
+        return PlannedTrajectory((), rng.choice(people))
+    path = world.chain(question)
+    queries = [path[0]]
+    while len(queries) < len(path) and rng.random() < p_next_hop:
+        queries.append(path[len(queries)])
+    if len(queries) == len(path):
+        return PlannedTrajectory(tuple(queries), question.answer)
+    return PlannedTrajectory(tuple(queries), rng.choice(people))
+
+
+def warm_start_config(max_steps: int | None = None, task: str = "hops"):
+    """The ``igpo.demo.warmstart.WarmStartConfig`` of the demo model: the demo's agent settings (of ``task``)."""
     from igpo.demo.warmstart import WarmStartConfig
 
-    return WarmStartConfig(max_steps=max_steps or WARM_START_STEPS, lr=WARM_START_LR, max_turns=MAX_TURNS,
+    chain = task == "chain"
+    return WarmStartConfig(max_steps=max_steps or WARM_START_STEPS, lr=WARM_START_LR,
+                           max_turns=CHAIN_MAX_TURNS if chain else MAX_TURNS,
                            max_tokens_per_turn=MAX_TOKENS_PER_TURN, max_observation_tokens=MAX_OBSERVATION_TOKENS,
-                           prompt_length=PROMPT_LENGTH, response_length=RESPONSE_LENGTH, system_prompt=SYSTEM_PROMPT,
+                           prompt_length=PROMPT_LENGTH, response_length=CHAIN_RESPONSE_LENGTH if chain else RESPONSE_LENGTH,
+                           system_prompt=SYSTEM_PROMPT,
                            tool_names=("search",), topk=TOPK, examples_per_passage=WARM_START_PLANS)
 
 
@@ -282,8 +367,10 @@ def main() -> None:
     parser.add_argument("--base-corpus", required=True, help="real passages kept as distractors, e.g. "
                                                              "data/wiki_passages_1000.jsonl")
     parser.add_argument("--seed", type=int, default=WorldConfig.seed)
+    parser.add_argument("--task", choices=TASKS, default=WorldConfig.task,
+                        help="hops: one- and two-hop questions; chain: three- and four-search chains (demo.task=chain)")
     args = parser.parse_args()
-    for path in write_world(args.out_dir, args.base_corpus, WorldConfig(seed=args.seed)).values():
+    for path in write_world(args.out_dir, args.base_corpus, WorldConfig(seed=args.seed, task=args.task)).values():
         print(path)
 
 

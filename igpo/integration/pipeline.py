@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from igpo.agent.records import TurnBatch, TurnRecord
+from igpo.core.advantage import same_outcome_share
 from igpo.core.infra import InfraMask, infra_mask
 from igpo.integration import histograms as hist
 from igpo.integration.branching import hard_attribution
@@ -85,6 +86,8 @@ def advantage_step(method: Method, records: Sequence[TurnRecord], uids: Sequence
                       fields=dict(fields or {}), step=step, total_steps=total_steps, epoch=epoch)
     result = method.advantage(batch, scorer)
     metrics.update(rollout_metrics(turns.records, turns.num_turns))
+    metrics["outcome/same_outcome_group_share"] = same_outcome_share(batch.rm_scores.sum(-1), batch.group,
+                                                                     ~infra.rows)
     metrics.update(result.metrics)
     advantages = result.advantages
     if arpo_hard:

@@ -34,6 +34,7 @@ from verl.workers.utils.padding import response_to_nested
 from igpo.agent.agent_config import plain_section
 from igpo.agent.records import TurnBatch, TurnRecord
 from igpo.config import IGPOConfig, arpo_config_from
+from igpo.core.advantage import same_outcome_share
 from igpo.core.infra import InfraMask
 from igpo.core.health import HealthConfig, HealthMonitor
 from igpo.integration import histograms as hist
@@ -44,7 +45,7 @@ from igpo.integration.checkpoint import CheckpointState
 from igpo.integration.infra_breaker import InfraBreaker
 from igpo.integration.methods import method_for
 from igpo.integration.node_reach import require_reach_from_every_node
-from igpo.integration.pipeline import advantage_step, resolve_infra_policy
+from igpo.integration.pipeline import advantage_step, group_ids, resolve_infra_policy
 from igpo.integration.rollout_metrics import rollout_metrics
 from igpo.integration.run_control import RunControl
 from igpo.integration.tool_spend import ToolSpendConfig
@@ -185,10 +186,14 @@ class IGPOTrainerSync(RunControl, CheckpointState, PPOTrainerSync):
     def _verl_advantage(self, batch, metrics: dict):
         """An estimator no method claims (e.g. ``grpo``): verl's own step on the outcome reward, plus our rollout
         metrics and ARPO's hard attribution."""
-        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["extra_fields"])
+        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
+                               select_fields=["extra_fields", "uid", "rm_scores"])
         records = [TurnRecord.from_extra_fields(e) for e in data.pop("extra_fields").tolist()]
         num_turns = torch.tensor([r.num_turns for r in records], dtype=torch.long)
         metrics.update(rollout_metrics(records, num_turns))
+        group = group_ids(data.pop("uid").tolist())
+        metrics["outcome/same_outcome_group_share"] = same_outcome_share(data.to_padded_tensor()["rm_scores"].sum(-1),
+                                                                         group)
         self.histograms.record(hist.TURNS, num_turns)
         metrics["igpo/infra_masked_trajectories"] = metrics["igpo/infra_masked_turns"] = 0.0  # policy: keep
         out = super()._compute_advantage(batch, metrics)

@@ -27,7 +27,7 @@ from igpo.config import IGPOConfig
 from igpo.core.advantage import WarmupGate, advantage_at_boundaries, curriculum_weights, last_response_token
 from igpo.core.arpo import shared_turn_weights
 from igpo.core.ground_truth import answer_probes
-from igpo.core.info_gain import ig_by_answer_seen, penalty_into_ig_pool, reduce_alias_logprobs, scored_boundaries, \
+from igpo.core.info_gain import ig_by_answer_seen, ig_by_hop, penalty_into_ig_pool, reduce_alias_logprobs, scored_boundaries, \
     turn_boundaries, turn_format_penalty, turn_information_gain
 from igpo.core.scoring import validate_request
 from igpo.integration.methods import Method, MethodResult, StepBatch, register_method
@@ -81,6 +81,12 @@ class IGPOMethod(Method):
         tool_turn = torch.arange(T - 1)[None, :] < (num_turns[:, None] - 1)
         ig_stats.update(ig_by_answer_seen(ig, ig_turn_mask & tool_turn & turns.answer_known[:, :-1],
                                           turns.answer_seen[:, :-1]))
+        # The k-th tool call's IG (a chain's first searches are necessary and do not show the answer yet).
+        called = torch.zeros(B, T, dtype=torch.long)
+        for i, names in enumerate(turns.tool_names):
+            called[i, :len(names)] = torch.tensor([name is not None for name in names], dtype=torch.long)
+        hop = torch.where(called.bool(), called.cumsum(1), 0)[:, :-1]
+        ig_stats.update(ig_by_hop(ig, ig_turn_mask & tool_turn, hop))
         penalty, answer_penalty = turn_format_penalty(turns.format_ok, num_turns, cfg.info_gain)
         if not gate_open:
             ig_turn_mask = torch.zeros_like(ig_turn_mask)
