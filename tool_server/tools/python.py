@@ -287,9 +287,8 @@ class PythonTool(Tool):
                 status, output = await self._communicate(proc, code)
             finally:
                 _kill_group(proc)
-                await proc.wait()
+                rc = await _reap(proc)
             if status is None:
-                rc = proc.returncode
                 if rc == 0:
                     status = "ok"
                 elif rc == -signal.SIGXCPU:
@@ -299,7 +298,7 @@ class PythonTool(Tool):
                 else:
                     status = "error"
             text = output.decode("utf-8", errors="replace")
-            return RunResult(status, proc.returncode, text, time.monotonic() - start, self.layers())
+            return RunResult(status, rc, text, time.monotonic() - start, self.layers())
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
             if os.path.exists(scratch):  # a file the code made undeletable: say so, do not leave it silently
@@ -320,8 +319,7 @@ class PythonTool(Tool):
             proc.stdin.close()
             while True:
                 chunk = await proc.stdout.read(65_536)
-                if not chunk:
-                    await proc.wait()
+                if not chunk:  # the run closed its output: it ends now (its exit status is read after the kill)
                     return None
                 chunks.append(chunk[: limit - size])
                 size += len(chunk)
@@ -360,6 +358,26 @@ def _stdlib_roots() -> list[str]:
     paths = sysconfig.get_paths()
     roots = {paths["stdlib"], paths["platstdlib"], os.path.join(sys.base_prefix, "lib")}
     return sorted(os.path.realpath(p) for p in roots)
+
+
+async def _reap(proc: asyncio.subprocess.Process, timeout_s: float = 10.0) -> int | None:
+    """The exit code of a run after ``_kill_group``. asyncio's child watcher can miss an exit that something else in
+    this process reaped first (a test runner or an application embedding the server with its own SIGCHLD handling),
+    and ``proc.wait()`` would then never return: poll ``waitpid`` beside it, for a bounded time."""
+    deadline = time.monotonic() + timeout_s
+    while proc.returncode is None and time.monotonic() < deadline:
+        try:
+            pid, status = os.waitpid(proc.pid, os.WNOHANG)
+        except ChildProcessError:
+            # Reaped already: by asyncio's watcher (its result is on its way through the event loop) or elsewhere.
+            try:
+                return await asyncio.wait_for(proc.wait(), timeout=max(0.1, deadline - time.monotonic()))
+            except asyncio.TimeoutError:
+                return None
+        if pid:
+            return os.waitstatus_to_exitcode(status)
+        await asyncio.sleep(0.02)
+    return proc.returncode
 
 
 def _kill_group(proc: asyncio.subprocess.Process) -> None:
