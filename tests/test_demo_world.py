@@ -129,8 +129,9 @@ def test_chain_warm_start_policy_knows_the_protocol_but_rarely_completes_a_chain
 
 
 def test_cpu_demo_chain_config_matches_the_chain_settings():
-    config = yaml.safe_load((REPO / "configs" / "cpu_demo_chain.yaml").read_text())
-    assert config["defaults"][0] == "cpu_demo"
+    text = (REPO / "configs" / "demo" / "chain.yaml").read_text()
+    assert text.startswith("# @package _global_")
+    config = yaml.safe_load(text)
     assert config["algorithm"]["igpo"]["agent"]["max_turns"] == demo_world.CHAIN_MAX_TURNS
     assert config["data"]["max_response_length"] == demo_world.CHAIN_RESPONSE_LENGTH
     rollout = config["actor_rollout_ref"]["rollout"]

@@ -62,7 +62,7 @@ TOPK = 1                          # passages per search (the tool server's --def
 WARM_START_STEPS = 600
 WARM_START_LR = 3e-3
 WARM_START_PLANS = 2              # trajectories of the warm-start policy per practice question
-# The chain task (demo.task=chain; configs/cpu_demo_chain.yaml repeats these, a test checks they agree): four searches
+# The chain task (demo.task=chain; configs/demo/chain.yaml repeats these, a test checks they agree): four searches
 # and the answer, plus two spare turns for mistakes, fit the response budget.
 CHAIN_MAX_TURNS = 7
 CHAIN_RESPONSE_LENGTH = 640
