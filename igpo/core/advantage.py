@@ -28,7 +28,9 @@ Implementation, three stages, none of them a Python loop over samples, turns or 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numba
 import numpy as np
@@ -567,6 +569,13 @@ def curriculum_weights(step: int, total_steps: int, cfg: CurriculumConfig, ig_ac
         raise ValueError(f"total_steps={total_steps!r} must be positive when the curriculum is enabled.")
     p = min(max(step, 0) / total_steps, 1.0)
     return cfg.f1_init + (cfg.f1_final - cfg.f1_init) * p, cfg.ig_init + (cfg.ig_final - cfg.ig_init) * p
+
+
+
+def group_ids(uids: Sequence[Any]) -> Tensor:
+    """[B] dense group ids, one per prompt uid (any hashable), in order of first appearance."""
+    ids: dict[Any, int] = {}
+    return torch.tensor([ids.setdefault(u, len(ids)) for u in uids], dtype=torch.long)
 
 
 def same_outcome_share(outcome: Tensor, group: Tensor, keep: Tensor | None = None) -> float:

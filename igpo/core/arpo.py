@@ -59,6 +59,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from igpo.core.advantage import group_ids
+
 _MASK64 = (1 << 64) - 1
 ATTRIBUTIONS = ("soft", "hard")
 
@@ -381,8 +383,7 @@ def branch_metadata(trajectories: Sequence[ARPOTrajectory], cfg: ARPOConfig) -> 
 def soft_group_ids(uids: Sequence[Any]) -> Tensor:
     """Dense group ids [B] (first-appearance order) from the prompt uids: soft attribution is plain GRPO/IGPO with
     all M trajectories of a prompt, branches and top-ups included, in one group."""
-    ids: dict[Any, int] = {}
-    return torch.tensor([ids.setdefault(u, len(ids)) for u in uids], dtype=torch.long)
+    return group_ids(uids)
 
 
 def _check_tree(group: Tensor, index: Tensor, parent: Tensor, branch_pos: Tensor, L: int) -> None:

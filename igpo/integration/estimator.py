@@ -27,7 +27,7 @@ import torch
 from verl.trainer.ppo import core_algos
 
 from igpo.config import advantage_config_from_algorithm
-from igpo.core.advantage import advantage_at_boundaries, boundaries_from_token_rewards
+from igpo.core.advantage import advantage_at_boundaries, boundaries_from_token_rewards, group_ids
 
 ESTIMATOR_NAMES = ("igpo", "grpo_info_gain")
 INFOPO_NAMES = ("infopo",)
@@ -39,8 +39,7 @@ def _group_ids(index: Any, batch_size: int) -> torch.Tensor:
     uids = list(index)
     if len(uids) != batch_size:
         raise ValueError(f"index has {len(uids)} uids for a batch of {batch_size} rows; they must match one to one.")
-    ids: dict[Any, int] = {}
-    return torch.tensor([ids.setdefault(u, len(ids)) for u in uids], dtype=torch.long)
+    return group_ids(uids)
 
 
 def igpo_advantage(

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from igpo.agent.records import TurnBatch, TurnRecord
-from igpo.core.advantage import same_outcome_share
+from igpo.core.advantage import group_ids, same_outcome_share
 from igpo.core.infra import InfraMask, infra_mask
 from igpo.integration import histograms as hist
 from igpo.integration.branching import hard_attribution
@@ -32,12 +32,6 @@ class StepOutput:
     turns: TurnBatch
     metrics: dict[str, float]
     turn_values: torch.Tensor | None
-
-
-def group_ids(uids: Sequence) -> torch.Tensor:
-    """[B] dense group ids, one per prompt uid, in order of first appearance."""
-    group_of: dict = {}
-    return torch.tensor([group_of.setdefault(u, len(group_of)) for u in uids], dtype=torch.long)
 
 
 def resolve_infra_policy(method, chosen: str | None, estimator: str) -> str:

@@ -34,7 +34,7 @@ from verl.workers.utils.padding import response_to_nested
 from igpo.agent.agent_config import plain_section
 from igpo.agent.records import TurnBatch, TurnRecord
 from igpo.config import IGPOConfig, arpo_config_from
-from igpo.core.advantage import same_outcome_share
+from igpo.core.advantage import group_ids, same_outcome_share
 from igpo.core.infra import InfraMask
 from igpo.core.health import HealthConfig, HealthMonitor
 from igpo.integration import histograms as hist
@@ -45,7 +45,7 @@ from igpo.integration.checkpoint import CheckpointState
 from igpo.integration.infra_breaker import InfraBreaker
 from igpo.integration.methods import method_for
 from igpo.integration.node_reach import require_reach_from_every_node
-from igpo.integration.pipeline import advantage_step, group_ids, resolve_infra_policy
+from igpo.integration.pipeline import advantage_step, resolve_infra_policy
 from igpo.integration.rollout_metrics import rollout_metrics
 from igpo.integration.run_control import RunControl
 from igpo.integration.tool_spend import ToolSpendConfig
