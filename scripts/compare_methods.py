@@ -268,8 +268,11 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     runs: dict[str, list[Run]] = {m: [Run(m, s, args.out / "runs" / f"{m}-s{s}") for s in args.seeds]
                                   for m in methods}
-    for method in methods:
-        for run in runs[method]:
+    # Seed by seed (every method at seed 0, then at seed 1, ...): a comparison stopped part-way still holds paired
+    # seeds for every method, and --resume completes it.
+    for seed_index in range(len(args.seeds)):
+        for method in methods:
+            run = runs[method][seed_index]
             if args.resume and load_finished(run, args.steps):
                 print(f"compare: {method} seed {run.seed}: kept ({run.wall_s:.0f} s)", flush=True)
                 continue

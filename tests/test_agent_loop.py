@@ -624,6 +624,19 @@ def test_rollout_metrics_report_scoring_errors_and_context_overflows():
     assert {"igpo/turns_mean", "igpo/forced_final_ratio", "igpo/cutoff_ratio"} <= set(metrics)
 
 
+def test_rollout_metrics_report_the_share_of_turns_that_passed_the_format_check():
+    import torch
+
+    from igpo.agent.records import TurnRecord
+    from igpo.integration.rollout_metrics import rollout_metrics
+
+    extras = [{"igpo_turn_format_ok": [True, True, False], "igpo_num_turns": 3},
+              {"igpo_turn_format_ok": [False], "igpo_num_turns": 1}, {"igpo_turn_format_ok": [], "igpo_num_turns": 0}]
+    metrics = rollout_metrics([TurnRecord.from_extra_fields(e) for e in extras], torch.tensor([3, 1, 0]))
+    assert metrics["health/format_ok_turn_share"] == 0.5  # 2 of 4 turns; a trajectory with no turn adds none
+    assert rollout_metrics([], torch.tensor([]))["health/format_ok_turn_share"] == 0.0
+
+
 async def test_answer_seen_records_whether_the_shown_observation_held_a_gold_alias(tiny_tokenizer):
     pages = {"search": "Ada Lovelace wrote the notes. " + "filler text " * 400, "visit": "nothing relevant here"}
     tools = FakeTools(lambda name, args: Result(True, pages[name]))

@@ -28,6 +28,8 @@ def rollout_metrics(records: Sequence[TurnRecord], num_turns: torch.Tensor) -> d
     # the infra breaker's denominator.
     calls = [sum(name is not None for name in r.tool_names) for r in records]
     branches = [r.branch.to_extra_fields() for r in records if r.branch is not None]
+    # Turns the protocol's format check passed (tool and answer turns alike): "the protocol is known".
+    checked = [bool(ok) for r in records for ok in r.format_ok]
     return {
         **arpo_core.step_metrics(branches),
         "igpo/turns_mean": float(num_turns.float().mean()) if len(num_turns) else 0.0,
@@ -39,5 +41,6 @@ def rollout_metrics(records: Sequence[TurnRecord], num_turns: torch.Tensor) -> d
         "igpo/cutoff_ratio": share("cutoff"),
         "igpo/truncated_ratio": share("truncated"),
         "igpo/context_overflow_ratio": share("context_overflow"),
+        "health/format_ok_turn_share": float(np.mean(checked)) if checked else 0.0,
         **turn_health(r.tool_status for r in records),
     }
