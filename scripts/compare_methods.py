@@ -11,7 +11,11 @@ Outputs (``--out``, default ``results/cpu_compare``):
                   trajectory, step time
     val_f1.png    validation F1 vs step: the mean over seeds per method, with the min..max spread shaded
     summary.md    the settings, commit, data hash, per-method table (val F1 before / after as mean +- std over seeds,
-                  tool calls per trajectory, wall time), and the sample-efficiency line (steps for IGPO's mean curve
+                  tool calls per trajectory, wall time), the whole comparison's wall time, the first step at which
+                  each method's mean validation F1 reaches ``--target`` (with each seed's first step and the final
+                  F1's min-max), the share of single-outcome groups per step (no GRPO signal), the information gain
+                  of the k-th tool call pooled over steps and seeds (methods that log it: IGPO's), and the
+                  sample-efficiency line (steps for IGPO's mean curve
                   to reach GRPO's final mean validation F1, or that it does not get there)
     runs/<method>-s<seed>/   each run's train.log and tool-server log (checkpoints are not kept)
 
@@ -130,6 +134,36 @@ def steps_to_reach(curve: dict[int, list[float]], target: float) -> int | None:
     return None
 
 
+def first_step_at(run: Run, target: float) -> int | None:
+    """The first validated step (> 0) at which this run's validation F1 reached ``target``."""
+    for step, metrics in sorted(run.steps.items()):
+        f1 = metrics.get("val-core/all/f1")
+        if step > 0 and f1 is not None and f1 >= target:
+            return step
+    return None
+
+
+def hop_table(group: list[Run]) -> list[tuple[int, float, float, float]]:
+    """Information gain of the k-th tool call of a trajectory (``igpo/ig_hop<k>_*``), pooled over every step and seed
+    of ``group``, weighting each step's mean and negative share by its turn count: (k, turns, mean, share < 0)."""
+    pooled: dict[int, list[float]] = {}
+    for run in group:
+        for metrics in run.steps.values():
+            for key, count in metrics.items():
+                match = re.fullmatch(r"igpo/ig_hop(\d+)_count", key)
+                if not match or not count > 0:
+                    continue
+                k = int(match.group(1))
+                mean = metrics.get(f"igpo/ig_hop{k}_mean", math.nan)
+                negative = metrics.get(f"igpo/ig_hop{k}_negative_share", math.nan)
+                if math.isfinite(mean) and math.isfinite(negative):
+                    total = pooled.setdefault(k, [0.0, 0.0, 0.0])
+                    total[0] += count
+                    total[1] += mean * count
+                    total[2] += negative * count
+    return [(k, n, m / n, neg / n) for k, (n, m, neg) in sorted(pooled.items())]
+
+
 def fmt(values: list[float]) -> str:
     if not values:
         return "n/a"
@@ -165,7 +199,7 @@ def write_outputs(out: Path, runs: dict[str, list[Run]], args: argparse.Namespac
                                                                 f"{c:.4f}" for c in cells])
 
     curves = {method: mean_curve(group, "val-core/all/f1") for method, group in runs.items()}
-    _plot(out / "val_f1.png", curves, args)
+    _plot(out / "val_f1.png", curves, args, f"CPU demo ({demo_task(args.extra)}), {len(args.seeds)} seeds per method")
 
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                             text=True).stdout.strip() or "unknown"
@@ -190,6 +224,51 @@ def write_outputs(out: Path, runs: dict[str, list[Run]], args: argparse.Namespac
         lines.append(f"| {method} | {fmt(before)} | {fmt(after)} | {fmt(score)} | {fmt(calls)} | "
                      f"{statistics.fmean(r.wall_s for r in group):.0f} |")
     lines.append("")
+    total_s = sum(r.wall_s for group in runs.values() for r in group)
+    lines.append(f"Wall time of all {sum(len(g) for g in runs.values())} runs: {total_s:.0f} s ({total_s / 3600:.2f} h) "
+                 "on this machine.")
+    lines.append("")
+
+    target = args.target
+    lines += [f"## Steps to a mean validation F1 of {target}", "",
+              f"The first validated step at which the mean over seeds reaches {target}; beside it each seed's own "
+              "first step (`-`: not within the run) and the final validation F1 (mean, min-max over seeds).", "",
+              f"| method | mean curve reaches {target} at | per seed | val F1 at step {args.steps} |",
+              "|---|---|---|---|"]
+    for method, group in runs.items():
+        reached = steps_to_reach(curves[method], target)
+        firsts = [first_step_at(r, target) for r in group]
+        final = [r.steps[args.steps]["val-core/all/f1"] for r in group
+                 if "val-core/all/f1" in r.steps.get(args.steps, {})]
+        spread = f"{statistics.fmean(final):.3f} ({min(final):.3f}-{max(final):.3f})" if final else "n/a"
+        lines.append(f"| {method} | {f'step {reached}' if reached is not None else f'not in {args.steps} steps'} | "
+                     f"{', '.join('-' if f is None else str(f) for f in firsts)} | {spread} |")
+    lines.append("")
+
+    same = {method: mean_curve(group, "outcome/same_outcome_group_share") for method, group in runs.items()}
+    shown = sorted({step for curve in same.values() for step in curve})
+    if shown:
+        lines += ["## Groups whose trajectories all scored the same (no outcome signal), per step", "",
+                  "`outcome/same_outcome_group_share`, mean over seeds.", "",
+                  "| method | " + " | ".join(f"step {s}" for s in shown) + " | all steps |",
+                  "|---|" + "---|" * (len(shown) + 1)]
+        for method, curve in same.items():
+            cells = [f"{statistics.fmean(curve[s]):.2f}" if s in curve else "" for s in shown]
+            every = [v for values in curve.values() for v in values]
+            overall = f"{statistics.fmean(every):.2f}" if every else "n/a"
+            lines.append(f"| {method} | " + " | ".join(cells) + f" | {overall} |")
+        lines.append("")
+
+    hops = {method: table for method, group in runs.items() if (table := hop_table(group))}
+    if hops:
+        lines += ["## Information gain by hop", "",
+                  "IG of the k-th tool call of a trajectory (`igpo/ig_hop<k>_*`), pooled over every step and seed, "
+                  "each step weighted by its turn count.", "",
+                  "| method | hop | turns | mean IG | share negative |", "|---|---|---|---|---|"]
+        for method, table in hops.items():
+            lines += [f"| {method} | {k} | {n:.0f} | {mean:+.3f} | {negative:.2f} |" for k, n, mean, negative in table]
+        lines.append("")
+
     if "grpo" in curves and "igpo" in curves and curves["grpo"]:
         target = statistics.fmean(curves["grpo"][max(curves["grpo"])])
         reached = steps_to_reach(curves["igpo"], target)
@@ -201,7 +280,7 @@ def write_outputs(out: Path, runs: dict[str, list[Run]], args: argparse.Namespac
     return summary
 
 
-def _plot(path: Path, curves: dict[str, dict[int, list[float]]], args: argparse.Namespace) -> None:
+def _plot(path: Path, curves: dict[str, dict[int, list[float]]], args: argparse.Namespace, title: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -214,9 +293,10 @@ def _plot(path: Path, curves: dict[str, dict[int, list[float]]], args: argparse.
         steps = list(curve)
         ax.plot(steps, [statistics.fmean(v) for v in curve.values()], marker="o", label=method)
         ax.fill_between(steps, [min(v) for v in curve.values()], [max(v) for v in curve.values()], alpha=0.2)
+    ax.axhline(args.target, color="grey", linestyle=":", linewidth=1, label=f"target {args.target}")
     ax.set_xlabel("training step")
     ax.set_ylabel("validation F1 (mean over seeds; band: min..max)")
-    ax.set_title(f"CPU demo, {len(args.seeds)} seeds per method")
+    ax.set_title(title)
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -245,6 +325,9 @@ def main() -> None:
     parser.add_argument("--val-every", type=int, default=10, help="validation every N steps (and before step 1)")
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "cpu_compare")
     parser.add_argument("--resume", action="store_true", help="keep finished runs in --out/runs, run the rest")
+    parser.add_argument("--target", type=float, default=0.25,
+                        help="the summary's primary figure: the first step at which each method's mean validation F1 "
+                             "reaches this")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per run before it is killed")
     parser.add_argument("extra", nargs="*", help="Hydra overrides for every run, after --")
     args = parser.parse_args()

@@ -56,10 +56,16 @@ def test_curves_keep_only_steps_every_seed_validated_and_sample_efficiency_is_re
     assert compare.steps_to_reach(compare.mean_curve(grpo, "val-core/all/f1"), 0.05) == 2  # step 0 never counts
 
 
+@pytest.fixture(autouse=True)
+def no_demo_world(monkeypatch):
+    """The summary names the demo world's data hash; these tests need no built world."""
+    monkeypatch.setattr(compare, "data_hash", lambda task="hops": f"hash-of-{task}")
+
+
 def test_write_outputs_writes_the_csv_plot_and_summary(tmp_path):
     runs = {"grpo": [_run("grpo", s, tmp_path, {0: 0.1, 2: 0.2}) for s in range(3)],
             "igpo": [_run("igpo", s, tmp_path, {0: 0.1, 2: 0.1 + 0.1 * s}) for s in range(3)]}
-    args = argparse.Namespace(steps=2, val_every=2, seeds=[0, 1, 2], extra=[])
+    args = argparse.Namespace(steps=2, val_every=2, seeds=[0, 1, 2], extra=[], target=0.25)
     summary = compare.write_outputs(tmp_path, runs, args, trajectories=8)
     rows = list(csv.DictReader((tmp_path / "steps.csv").open()))
     assert len(rows) == 12 and rows[0]["method"] == "grpo" and rows[1]["tool_calls_per_trajectory"] == "1.0000"
@@ -67,6 +73,10 @@ def test_write_outputs_writes_the_csv_plot_and_summary(tmp_path):
     assert "| grpo | 0.100 ± 0.000 | 0.200 ± 0.000 |" in summary
     assert "| igpo | 0.100 ± 0.000 | 0.200 ± 0.100 |" in summary
     assert "IGPO's mean curve reaches it at step 2 of 2." in summary
+    assert "Wall time of all 6 runs: 600 s (0.17 h)" in summary
+    # Target 0.25: GRPO's seeds end at 0.2 (never), IGPO's at 0.1, 0.2, 0.3 (seed 2 at step 2; mean 0.2: not reached).
+    assert "| grpo | not in 2 steps | -, -, - | 0.200 (0.200-0.200) |" in summary
+    assert "| igpo | not in 2 steps | -, -, 2 | 0.200 (0.100-0.300) |" in summary
     assert summary == (tmp_path / "summary.md").read_text()
 
 
@@ -80,3 +90,29 @@ def test_unknown_method_is_refused_with_the_choices(monkeypatch, capsys):
 def test_trajectories_per_step_come_from_the_demo_config_and_its_overrides():
     assert compare._trajectories_per_step([]) == 64  # configs/cpu_demo.yaml: 16 prompts x 4 rollouts
     assert compare._trajectories_per_step(["data.train_batch_size=8", "actor_rollout_ref.rollout.n=2"]) == 16
+
+
+def test_summary_reports_single_outcome_groups_per_step_and_pooled_information_gain_by_hop(tmp_path):
+    runs = {"grpo": [_run("grpo", s, tmp_path, {0: 0.0, 1: 0.1, 2: 0.3}) for s in range(2)],
+            "igpo": [_run("igpo", s, tmp_path, {0: 0.0, 1: 0.2, 2: 0.4}) for s in range(2)]}
+    for method, group in runs.items():
+        for seed, run in enumerate(group):
+            run.steps[1]["outcome/same_outcome_group_share"] = 0.75 + 0.25 * seed
+            run.steps[2]["outcome/same_outcome_group_share"] = 0.5
+    # IGPO's hop 1: 30 turns at +1.0 (10% negative) and 10 at -1.0 (90%); hop 2 only in one step; a NaN mean (no
+    # such turn that step) is skipped.
+    runs["igpo"][0].steps[1].update({"igpo/ig_hop1_mean": 1.0, "igpo/ig_hop1_negative_share": 0.1,
+                                     "igpo/ig_hop1_count": 30.0, "igpo/ig_hop2_mean": -0.5,
+                                     "igpo/ig_hop2_negative_share": 1.0, "igpo/ig_hop2_count": 4.0})
+    runs["igpo"][1].steps[2].update({"igpo/ig_hop1_mean": -1.0, "igpo/ig_hop1_negative_share": 0.9,
+                                     "igpo/ig_hop1_count": 10.0, "igpo/ig_hop2_mean": math.nan,
+                                     "igpo/ig_hop2_negative_share": math.nan, "igpo/ig_hop2_count": 0.0})
+    args = argparse.Namespace(steps=2, val_every=1, seeds=[0, 1], extra=[], target=0.2)
+    summary = compare.write_outputs(tmp_path, runs, args, trajectories=8)
+    assert "| grpo | step 2 | 2, 2 | 0.300 (0.300-0.300) |" in summary
+    assert "| igpo | step 1 | 1, 1 | 0.400 (0.400-0.400) |" in summary
+    assert "| method | step 1 | step 2 | all steps |" in summary
+    assert "| grpo | 0.88 | 0.50 | 0.69 |" in summary
+    assert "| igpo | 1 | 40 | +0.500 | 0.30 |" in summary  # (30 x 1.0 + 10 x -1.0) / 40; (3 + 9) / 40
+    assert "| igpo | 2 | 4 | -0.500 | 1.00 |" in summary
+    assert "| grpo | 1 |" not in summary  # no IG logged: no hop rows
