@@ -17,12 +17,13 @@ Two paths, each in its own trajectories:
              not the loop's.
 
 Measured side by side in one run, per path:
-  - per-turn cost = time between consecutive generation requests of one trajectory, median over turns 5-14
-    ("turn 10") and over turns 185-194 ("turn 200"), trajectories run one at a time so nothing interleaves;
+  - per-turn cost = time between consecutive generation requests of one trajectory, median over turns 5-24
+    ("turn 10") and over turns 176-195 ("turn 200") of 8 trajectories (160 turns each), run one at a time so nothing
+    interleaves;
   - throughput = trajectories per second with many trajectories running concurrently in one event loop.
 
 Usage: .venv/bin/python scripts/bench_agent_loop.py [--trajectories 4] [--concurrent 16]
-Every figure is measured in --rounds rounds (3), the paths alternating in order; each is printed as median (min, max)
+Every figure is measured in --rounds rounds (5), the paths alternating in order; each is printed as median (min, max)
 and the last line gives the medians, the worse path's ratio first (goal: <= 1.5):
     agent loop: per_turn_cost_ratio_turn200_vs_turn10=<r> actor=<a> rollout=<b> trajectories_per_s_actor=<t>
     trajectories_per_s_rollout=<u>
@@ -139,8 +140,8 @@ async def measure(tokenizer, turns, answer, args, score_on: str) -> dict[str, fl
         lengths.append(len(out.prompt_ids) + len(out.response_ids))
     for stamps in server.stamps.values():
         gaps = [b - a for a, b in zip(stamps, stamps[1:])]  # gaps[j]: the loop's work for turn j (after sampling)
-        early.extend(gaps[5:15])
-        late.extend(gaps[185:195])
+        early.extend(gaps[5:25])
+        late.extend(gaps[176:196])
     if score_on == "rollout":
         assert server.scoring_requests == args.trajectories * TURNS, server.scoring_requests
 
@@ -212,9 +213,9 @@ async def main(args) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--trajectories", type=int, default=4, help="sequential trajectories for the per-turn cost")
+    parser.add_argument("--trajectories", type=int, default=8, help="sequential trajectories for the per-turn cost")
     parser.add_argument("--concurrent", type=int, default=16, help="concurrent trajectories for the throughput")
-    parser.add_argument("--rounds", type=int, default=3, help="measurements of both paths (>= 3); medians reported")
+    parser.add_argument("--rounds", type=int, default=5, help="measurements of both paths (>= 3); medians reported")
     args = parser.parse_args()
     check_rounds(args.rounds)
     print(machine_line("1 (one asyncio event loop; tokenizer calls on it)"))
