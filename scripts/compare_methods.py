@@ -271,10 +271,15 @@ def write_outputs(out: Path, runs: dict[str, list[Run]], args: argparse.Namespac
 
     if "grpo" in curves and "igpo" in curves and curves["grpo"]:
         target = statistics.fmean(curves["grpo"][max(curves["grpo"])])
-        reached = steps_to_reach(curves["igpo"], target)
-        lines.append(f"Sample efficiency: GRPO's final mean validation F1 is {target:.3f}; IGPO's mean curve "
-                     + (f"reaches it at step {reached} of {args.steps}." if reached is not None
-                        else "does not reach it within the budget."))
+        start = statistics.fmean(curves["grpo"][min(curves["grpo"])])
+        if target <= start:  # GRPO did not improve: "reaching" its final figure says nothing about IGPO
+            lines.append(f"Sample efficiency: not defined here: GRPO's final mean validation F1 ({target:.3f}) is not "
+                         f"above its first ({start:.3f}).")
+        else:
+            reached = steps_to_reach(curves["igpo"], target)
+            lines.append(f"Sample efficiency: GRPO's final mean validation F1 is {target:.3f}; IGPO's mean curve "
+                         + (f"reaches it at step {reached} of {args.steps}." if reached is not None
+                            else "does not reach it within the budget."))
     summary = "\n".join(lines) + "\n"
     (out / "summary.md").write_text(summary)
     return summary

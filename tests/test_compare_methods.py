@@ -116,3 +116,12 @@ def test_summary_reports_single_outcome_groups_per_step_and_pooled_information_g
     assert "| igpo | 1 | 40 | +0.500 | 0.30 |" in summary  # (30 x 1.0 + 10 x -1.0) / 40; (3 + 9) / 40
     assert "| igpo | 2 | 4 | -0.500 | 1.00 |" in summary
     assert "| grpo | 1 |" not in summary  # no IG logged: no hop rows
+
+
+def test_sample_efficiency_is_not_claimed_when_grpo_did_not_improve(tmp_path):
+    runs = {"grpo": [_run("grpo", s, tmp_path, {0: 0.0, 2: 0.0}) for s in range(2)],
+            "igpo": [_run("igpo", s, tmp_path, {0: 0.0, 2: 0.0}) for s in range(2)]}
+    args = argparse.Namespace(steps=2, val_every=2, seeds=[0, 1], extra=[], target=0.25)
+    summary = compare.write_outputs(tmp_path, runs, args, trajectories=8)
+    assert "Sample efficiency: not defined here: GRPO's final mean validation F1 (0.000) is not above its first" in summary
+    assert "reaches it at step" not in summary
