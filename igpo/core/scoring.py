@@ -87,8 +87,7 @@ class ScoringConfig:
     max_probe_tokens: probe query tokens per packed micro-batch (whole copies; a copy longer than this runs alone).
         Bounds the probe attention workspace; peak memory does not grow with K beyond K·A hidden vectors.
     mask_budget_mb: cap on each additive float mask (queries x keys) of the SDPA path. Unused by FlexAttention.
-    logits_budget_mb: cap on the float32 logits materialised at once (rows x vocabulary); the answer readout works
-        in that one buffer, the KL readout of InfoPO holds a few of that size.
+    logits_budget_mb: cap on the float32 logits materialised at once (rows x vocabulary).
     temperature: τ, logits are divided by it before log_softmax; use the rollout temperature (1.0 in the paper).
     attention: "auto" (FlexAttention on CUDA, SDPA elsewhere), "sdpa", or "flex" (on CPU it runs unfused: tests only).
     """
@@ -739,16 +738,8 @@ def _score_packed(parts: _DecoderParts, trajectory_ids, boundaries, probes, cfg:
     row, target_ids = row.to(device), target_ids.to(device)
     with _gathered(parts.root, parts.norm, parts.lm_head):
         for s in range(0, row.numel(), step):
-            # log p(y) = z_y - m - log Σ_v exp(z_v - m), z = logits / τ, m = max_v z_v, computed in the logits' own
-            # buffer (the LM head's output, or .float()'s copy: nothing else holds it), so the readout holds one
-            # [rows, vocabulary] tensor where log_softmax(logits / τ) then gather held three.
-            z = parts.lm_head.forward(parts.norm.forward(sources[row[s:s + step]])).float()
-            if cfg.temperature != 1.0:
-                z.div_(cfg.temperature)
-            m = z.amax(dim=-1, keepdim=True)
-            picked = z.gather(-1, target_ids[s:s + step, None])
-            logp[s:s + step] = (picked - m - z.sub_(m).exp_().sum(dim=-1, keepdim=True).log_())[:, 0]
-            del z
+            logits = parts.lm_head.forward(parts.norm.forward(sources[row[s:s + step]])).float() / cfg.temperature
+            logp[s:s + step] = torch.log_softmax(logits, dim=-1).gather(-1, target_ids[s:s + step, None])[:, 0]
 
     # Segment mean over each copy's targets, then back to [K, P] in the caller's boundary order.
     sums = torch.zeros(copy_k.numel(), dtype=torch.float32).index_add_(0, copy_of_target, logp.cpu())
