@@ -136,11 +136,7 @@ def steps_to_reach(curve: dict[int, list[float]], target: float) -> int | None:
 
 def first_step_at(run: Run, target: float) -> int | None:
     """The first validated step (> 0) at which this run's validation F1 reached ``target``."""
-    for step, metrics in sorted(run.steps.items()):
-        f1 = metrics.get("val-core/all/f1")
-        if step > 0 and f1 is not None and f1 >= target:
-            return step
-    return None
+    return steps_to_reach(mean_curve([run], "val-core/all/f1"), target)
 
 
 def hop_table(group: list[Run]) -> list[tuple[int, float, float, float]]:
