@@ -121,6 +121,17 @@ def _read_pass(bits, mask):
     return seen
 
 
+def thp_counters() -> dict[str, int]:
+    """The kernel's transparent-huge-page fault counters (/proc/vmstat; empty where unreadable): a fresh output's
+    writes cost far more when its faults fall back to 4 KiB pages, and the floor is mostly those writes."""
+    try:
+        with open("/proc/vmstat") as f:
+            pairs = (line.split() for line in f)
+            return {k: int(v) for k, v in pairs if k in ("thp_fault_alloc", "thp_fault_fallback")}
+    except OSError:
+        return {}
+
+
 def memory_floor(rewards: torch.Tensor, mask: torch.Tensor) -> np.ndarray:
     out = np.zeros(tuple(rewards.shape), np.float32)
     _floor_pass(rewards.numpy(), rewards.numpy().view(np.int32), mask.view(torch.uint8).numpy(), out)
@@ -191,6 +202,7 @@ def main() -> int:
     positions = boundaries_from_token_rewards(rewards, m)[0]
     seconds = {name: Rounds() for name in sides}
     result = {name: fn() for name, fn in sides.items()}  # warm-up: numba loads or compiles its kernels
+    thp_before = thp_counters()
     for _ in range(args.rounds):
         for name, fn in sides.items():
             result[name] = None  # the previous result is freed here, outside the timing (~4 ms for 32 MiB)
@@ -198,6 +210,7 @@ def main() -> int:
             result[name] = fn()
             seconds[name].append(time.perf_counter() - t0)
 
+    thp_after = thp_counters()
     ref = result["loop"]
     diff = {name: (result[name].double() - ref).abs().max().item() for name in ("verl", "vectorized", "turns")}
     ratio = {
@@ -214,6 +227,10 @@ def main() -> int:
           f"ms (the floor's read of the same 40 MiB alone: {seconds['floor:read'].median * 1e3:.1f} ms), turn-level "
           f"math + writing the advantages {seconds['stage:turn_math+write'].median * 1e3:.1f} ms, the rest (config, "
           f"uids, checks) {rest.median * 1e3:.1f} ms; floor {seconds['floor'].median * 1e3:.1f} ms")
+    if thp_after:
+        print("  huge-page faults over the timed rounds (the floor's and the estimator's fresh outputs are faulted in "
+              "while timed; 4 KiB fallbacks would make those writes slower): "
+              + ", ".join(f"{k} +{thp_after[k] - thp_before.get(k, 0)}" for k in sorted(thp_after)))
     print(f"  max_abs_diff vs the loop: verl {diff['verl']:.2e}, vectorized {diff['vectorized']:.2e}, "
           f"turn records {diff['turns']:.2e}")
     print(f"  speedup_vs_vectorized {ratio['vectorized'].describe('.1f', 'x')}")
