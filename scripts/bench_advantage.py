@@ -228,8 +228,8 @@ def main() -> int:
           f"math + writing the advantages {seconds['stage:turn_math+write'].median * 1e3:.1f} ms, the rest (config, "
           f"uids, checks) {rest.median * 1e3:.1f} ms; floor {seconds['floor'].median * 1e3:.1f} ms")
     if thp_after:
-        print("  huge-page faults over the timed rounds (the floor's and the estimator's fresh outputs are faulted in "
-              "while timed; 4 KiB fallbacks would make those writes slower): "
+        print("  huge-page faults over the timed rounds, all sides (each side's fresh output is faulted in while timed; "
+              "4 KiB fallbacks would make those writes slower): "
               + ", ".join(f"{k} +{thp_after[k] - thp_before.get(k, 0)}" for k in sorted(thp_after)))
     print(f"  max_abs_diff vs the loop: verl {diff['verl']:.2e}, vectorized {diff['vectorized']:.2e}, "
           f"turn records {diff['turns']:.2e}")
