@@ -136,11 +136,15 @@ else
             echo "igpo: preparing the tiny demo model (first run: about three minutes; cached afterwards)"
         fi
         PREP_LOG="$(mktemp -t igpo-demo-model.XXXXXX.log)"
+        # One build at a time per checkout: a second launch (scripts/compare_methods.py --jobs 2) waits here for the
+        # first one's build or check, then finds the model cached.
+        exec 9>"$ROOT/.cache/.demo_model.lock" && flock 9
         BASE=$("$PY" -m igpo.demo.tiny_model --demo --out "$ROOT/.cache/tiny_demo$TASK_SUFFIX" --corpus "$WORLD/corpus.jsonl" \
                    --extra-tokens "$WORLD/vocabulary.txt" 2>>"$PREP_LOG" | tail -n 1) \
             && MODEL_PATH=$("$PY" -m igpo.demo.warmstart --base "$BASE" --corpus "$WORLD/practice_corpus.jsonl" --world-seed 0 \
                             --task "$DEMO_TASK" --out "$ROOT/.cache/tiny_demo${TASK_SUFFIX}_warm" 2>>"$PREP_LOG" | tail -n 1) \
             || { echo "igpo: building the demo model failed; see $PREP_LOG:"; tail -n 20 "$PREP_LOG"; exit 1; }
+        flock -u 9 && exec 9>&-
         grep "time cap stopped training" "$PREP_LOG" | sed 's/^/igpo: /' || true
         # Which model this run trains: the build is seeded and single-machine deterministic (same digest on every
         # rebuild here); another CPU type may round differently and print another digest (README "CPU demo").

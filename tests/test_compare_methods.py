@@ -65,7 +65,7 @@ def no_demo_world(monkeypatch):
 def test_write_outputs_writes_the_csv_plot_and_summary(tmp_path):
     runs = {"grpo": [_run("grpo", s, tmp_path, {0: 0.1, 2: 0.2}) for s in range(3)],
             "igpo": [_run("igpo", s, tmp_path, {0: 0.1, 2: 0.1 + 0.1 * s}) for s in range(3)]}
-    args = argparse.Namespace(steps=2, val_every=2, seeds=[0, 1, 2], extra=[], target=0.25)
+    args = argparse.Namespace(steps=2, val_every=2, seeds=[0, 1, 2], extra=[], target=0.25, jobs=1)
     summary = compare.write_outputs(tmp_path, runs, args, trajectories=8)
     rows = list(csv.DictReader((tmp_path / "steps.csv").open()))
     assert len(rows) == 12 and rows[0]["method"] == "grpo" and rows[1]["tool_calls_per_trajectory"] == "1.0000"
@@ -107,7 +107,7 @@ def test_summary_reports_single_outcome_groups_per_step_and_pooled_information_g
     runs["igpo"][1].steps[2].update({"igpo/ig_hop1_mean": -1.0, "igpo/ig_hop1_negative_share": 0.9,
                                      "igpo/ig_hop1_count": 10.0, "igpo/ig_hop2_mean": math.nan,
                                      "igpo/ig_hop2_negative_share": math.nan, "igpo/ig_hop2_count": 0.0})
-    args = argparse.Namespace(steps=2, val_every=1, seeds=[0, 1], extra=[], target=0.2)
+    args = argparse.Namespace(steps=2, val_every=1, seeds=[0, 1], extra=[], target=0.2, jobs=1)
     summary = compare.write_outputs(tmp_path, runs, args, trajectories=8)
     assert "| grpo | step 2 | 2, 2 | 0.300 (0.300-0.300) |" in summary
     assert "| igpo | step 1 | 1, 1 | 0.400 (0.400-0.400) |" in summary
@@ -121,7 +121,19 @@ def test_summary_reports_single_outcome_groups_per_step_and_pooled_information_g
 def test_sample_efficiency_is_not_claimed_when_grpo_did_not_improve(tmp_path):
     runs = {"grpo": [_run("grpo", s, tmp_path, {0: 0.0, 2: 0.0}) for s in range(2)],
             "igpo": [_run("igpo", s, tmp_path, {0: 0.0, 2: 0.0}) for s in range(2)]}
-    args = argparse.Namespace(steps=2, val_every=2, seeds=[0, 1], extra=[], target=0.25)
+    args = argparse.Namespace(steps=2, val_every=2, seeds=[0, 1], extra=[], target=0.25, jobs=1)
     summary = compare.write_outputs(tmp_path, runs, args, trajectories=8)
     assert "Sample efficiency: not defined here: GRPO's final mean validation F1 (0.000) is not above its first" in summary
     assert "reaches it at step" not in summary
+
+
+def test_the_comparisons_wall_time_counts_overlapping_runs_once_and_gaps_not_at_all(tmp_path):
+    def run(started, ended, wall):
+        return compare.Run("grpo", 0, tmp_path, wall_s=wall, started=started, ended=ended)
+
+    # Two at a time: 0-100 and 10-120 overlap (120 s in all); a later session resumes at 1000-1050 (the gap does not
+    # count); a run kept from before intervals were recorded adds its own wall time (30 s).
+    runs = [run(10.0, 120.0, 110.0), run(0.0, 100.0, 100.0), run(1000.0, 1050.0, 50.0), run(20.0, 30.0, 10.0),
+            compare.Run("igpo", 0, tmp_path, wall_s=30.0)]
+    assert compare.comparison_wall_s(runs) == pytest.approx(120.0 + 50.0 + 30.0)
+    assert compare.comparison_wall_s([run(0.0, 100.0, 100.0), run(100.0, 150.0, 50.0)]) == pytest.approx(150.0)
