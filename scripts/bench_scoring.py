@@ -26,8 +26,9 @@ on 2 shared cores). One fresh subprocess per length and setting,
 which scores ``--memory-rounds`` (3) times. Memory is MEASURED, not computed: before each scoring the subprocess
 returns freed heap to the OS (malloc_trim) and resets its peak-RSS counter (/proc/self/clear_refs 5); the scoring's
 own peak working memory (activations, masks, K/V cache, logits) is the peak RSS then (VmHWM) minus the RSS before
-(VmRSS), as the OS saw it. The first scoring of a process also pays one-time allocations, so the max over rounds is
-usually the first; the median is reported. peak_mem_ratio = packed / a KV-reuse setting, per round.
+(VmRSS), as the OS saw it. So that RSS tracks live memory, the children run with a fixed glibc mmap threshold
+(1 MiB: every larger buffer is returned to the OS on free) and without transparent huge pages. The first scoring of
+a process also pays one-time allocations, so the max over rounds is usually the first; the median is reported. peak_mem_ratio = packed / a KV-reuse setting, per round.
 
 The model is a Qwen2 built locally from ``Qwen2Config`` (4 layers, hidden 256, 4 heads, 2 K/V heads, vocab 4096).
 Its all-layer K/V cache is only 4x one layer's, so KV reuse with a small prefill chunk (which holds all layers' K/V
@@ -46,6 +47,7 @@ import argparse
 import ctypes
 import gc
 import json
+import os
 import subprocess
 import sys
 import time
@@ -62,6 +64,8 @@ from igpo.core.scoring import ScoringConfig, score_answer_logprobs, scoring_cost
 
 VOCAB = 4096
 THREADS = 2
+MMAP_THRESHOLD = 1 << 20  # bytes: the memory children's fixed glibc mmap threshold (memory_run)
+PR_SET_THP_DISABLE = 41  # linux/prctl.h
 
 
 def build_model(max_positions: int):
@@ -137,6 +141,16 @@ def _status_gb(field: str) -> float:
 def memory_run(strategy: str, chunk: int | None, length: int, n_boundaries: int, probe_len: int, rounds: int) -> None:
     """Child process: one strategy, ``rounds`` times; prints one JSON line with its times, the scoring's own peak
     memory in each round and the last round's [K, P] scores."""
+    # Resident memory tracks live memory only if freed buffers leave the process: with glibc's default dynamic mmap
+    # threshold a buffer freed once raises the threshold (up to 32 MiB), later ones of that size come from the heap
+    # and stay resident or not depending on fragmentation (the suspected cause of one setting's 32K peak ranging
+    # 0.125-0.205 GB over bench_all runs). child() fixes the threshold (MALLOC_MMAP_THRESHOLD_: every buffer >= 1 MiB is its own mapping, returned on
+    # free), and transparent huge pages are turned off for this process (PR_SET_THP_DISABLE), so a partly used 2 MiB
+    # page does not count in full. Both sides run under the same rules.
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    if libc.prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0) != 0:
+        raise SystemExit(f"prctl(PR_SET_THP_DISABLE) failed: errno {ctypes.get_errno()}; this memory measurement needs "
+                         "Linux >= 3.15")
     torch.set_num_threads(THREADS)
     model = build_model(length + probe_len)
     trajectory, boundaries, probes = workload(length, n_boundaries, probe_len, seed=1)
@@ -145,7 +159,7 @@ def memory_run(strategy: str, chunk: int | None, length: int, n_boundaries: int,
         # Start from a clean slate: hand freed memory back to the OS (otherwise scoring could reuse it without the
         # RSS showing it), then reset the peak-RSS counter (clear_refs 5), so VmHWM is this round's scoring's.
         gc.collect()
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
+        libc.malloc_trim(0)
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
         before_gb = _status_gb("VmRSS")
@@ -162,7 +176,8 @@ def memory_run(strategy: str, chunk: int | None, length: int, n_boundaries: int,
 def child(strategy: str, chunk: int | None, length: int, n_boundaries: int, probe_len: int, rounds: int) -> dict:
     run = subprocess.run([sys.executable, __file__, "--child", strategy, "--chunk", str(chunk or 0), "--long-length",
                           str(length), "--long-boundaries", str(n_boundaries), "--probe-len", str(probe_len),
-                          "--memory-rounds", str(rounds)], capture_output=True, text=True)
+                          "--memory-rounds", str(rounds)], capture_output=True, text=True,
+                         env={**os.environ, "MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD)})
     if run.returncode != 0:
         raise SystemExit(f"{strategy} at L={length} failed (exit {run.returncode}):\n{run.stderr[-4000:]}")
     return json.loads(run.stdout.strip().splitlines()[-1])
