@@ -2,7 +2,7 @@
 
 Strategies (same random-weight model, fp32, same inputs; the scoring path is igpo.core.scoring's public API):
     packed:   ``score_answer_logprobs`` with ``ScoringConfig(strategy="packed")`` (one shared-prefix pass, layer by
-              layer; trajectory query blocks of ``chunk_tokens`` = 4096 by default).
+              layer; trajectory query blocks of ``chunk_tokens`` = 1024 by default).
     kv_reuse: the reference's way: one HF prefill of the trajectory into a ``DynamicCache``, then each probe against
               the cache cropped to its boundary (boundaries in decreasing order, so ``crop`` only ever shortens the
               cache and no copy is made); the probe's tokens are appended and cropped away again by the next crop.

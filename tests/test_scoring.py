@@ -77,7 +77,7 @@ def test_packed_matches_per_turn(tie, seed, length, n_boundaries, n_probes):
 
 
 @pytest.mark.parametrize("options", [
-    dict(chunk_tokens=16, max_probe_tokens=8),        # many trajectory blocks and probe groups
+    dict(chunk_tokens=16, max_probe_tokens=8, mlp_chunk_tokens=5),  # many blocks, probe groups, MLP chunks
     dict(mask_budget_mb=1, chunk_tokens=4096),          # budget-limited blocks
     dict(chunk_tokens=7, max_probe_tokens=1),          # odd block size; every copy alone
     dict(attention="flex", chunk_tokens=100, max_probe_tokens=64),  # block-mask path (unfused on CPU)
@@ -195,6 +195,7 @@ def test_trajectory_must_be_one_unpadded_row():
     ("attention", "flash", "attention='flash'"),
     ("chunk_tokens", 0, "chunk_tokens=0 must be a positive integer"),
     ("max_probe_tokens", 1.5, "max_probe_tokens=1.5"),
+    ("mlp_chunk_tokens", -2, "mlp_chunk_tokens=-2 must be a positive integer"),
     ("temperature", 0.0, "temperature=0.0 must be a finite number > 0"),
     ("temperature", float("nan"), "temperature=nan"),
 ])

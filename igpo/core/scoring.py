@@ -35,15 +35,15 @@ their log-sum-exps, so only probe groups and the last layer's boundary rows buil
 copies, the rows are one per boundary).
 
 Cost model. L = max_k b_k (the trajectory after the last boundary is never read), A_p = ge_p - 1 (fed probe tokens),
-S = sum_k b_k (~ K·L/2 for linear growth), T = max_probe_tokens, d = hidden size, n_kv·d_h = K/V width,
-d_ff = MLP width, V = vocabulary:
+S = sum_k b_k (~ K·L/2 for linear growth), T = max_probe_tokens, M = mlp_chunk_tokens, d = hidden size,
+n_kv·d_h = K/V width, d_ff = MLP width, V = vocabulary:
 
     tokens through the layers     per_turn: sum_k sum_p (b_k + A_p)  ~ P·K·L/2     packed: L + K·sum_p A_p
     attention (query, key) pairs  per_turn: sum_{k,p} (b_k + A_p)^2/2 ~ P·K·L^2/6
                                   packed:   L^2/2 + sum_p A_p·(S + K·T)   (SDPA groups; flex skips masked tiles)
     vocabulary projection rows    both: K·sum_p |G_p| (per_turn via ``logits_to_keep``)
     packed peak memory            L·d (trajectory hidden) + K·sum_p A_p·d (probe hidden)
-                                  + 2·(L + T)·n_kv·d_h (ONE layer's K/V) + R·(d_ff + 4d) per block
+                                  + 2·(L + T)·n_kv·d_h (ONE layer's K/V) + R·4d per block + M·3·d_ff (MLP)
                                   + masks of probe groups and boundary rows <= mask_budget_mb (SDPA only; also the
                                   trajectory blocks' off the CPU) + logits <= logits_budget_mb
 
@@ -81,11 +81,14 @@ class ScoringConfig:
 
     strategy: "packed" (one shared-prefix pass per trajectory; default) or "per_turn" (one HF forward per boundary
         and probe; the reference, ~K·L/2 tokens per trajectory).
-    chunk_tokens: trajectory query block R of the packed prefill. Larger blocks use the matmul units better; off
-        the CPU the SDPA path shrinks the block further so that its mask fits ``mask_budget_mb`` (on the CPU
-        trajectory blocks need no mask).
+    chunk_tokens: trajectory query block R of the packed prefill. Larger blocks use the matmul units better but
+        hold more activations (~R·4d, plus the attention's); at 1024 (default) they stay well below one layer's K/V
+        at long L. Off the CPU the SDPA path shrinks the block further so that its mask fits ``mask_budget_mb`` (on
+        the CPU trajectory blocks need no mask).
     max_probe_tokens: probe query tokens per packed micro-batch (whole copies; a copy longer than this runs alone).
         Bounds the probe attention workspace; peak memory does not grow with K beyond K·A hidden vectors.
+    mlp_chunk_tokens: rows through a decoder layer's MLP at once (trajectory blocks, boundary rows, probes). Its
+        intermediates (rows x 3·d_ff) are a block's largest activations, so this, not ``chunk_tokens``, sets them.
     mask_budget_mb: cap on each additive float mask (queries x keys) of the SDPA path. Unused by FlexAttention.
     logits_budget_mb: cap on the float32 logits materialised at once (rows x vocabulary).
     temperature: τ, logits are divided by it before log_softmax; use the rollout temperature (1.0 in the paper).
@@ -93,8 +96,9 @@ class ScoringConfig:
     """
 
     strategy: str = "packed"
-    chunk_tokens: int = 4096
+    chunk_tokens: int = 1024
     max_probe_tokens: int = 1024
+    mlp_chunk_tokens: int = 1024
     mask_budget_mb: int = 256
     logits_budget_mb: int = 256
     temperature: float = 1.0
@@ -107,7 +111,7 @@ class ScoringConfig:
         if self.attention not in ATTENTION_BACKENDS:
             raise ValueError(f"ScoringConfig.attention={self.attention!r} is not one of {ATTENTION_BACKENDS}; "
                              "use 'auto' unless you are testing a backend.")
-        for name in ("chunk_tokens", "max_probe_tokens", "mask_budget_mb", "logits_budget_mb"):
+        for name in ("chunk_tokens", "max_probe_tokens", "mlp_chunk_tokens", "mask_budget_mb", "logits_budget_mb"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"ScoringConfig.{name}={value!r} must be a positive integer; e.g. the default "
@@ -431,10 +435,14 @@ def _project(layer, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], pa
     return _rope(q.transpose(1, 2), cos, sin), k, v.transpose(1, 2)
 
 
-def _finish(layer, x: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
-    """Output projection, residual, post-norm MLP, residual (the rest of a pre-norm decoder layer)."""
+def _finish(layer, x: torch.Tensor, attn_out: torch.Tensor, mlp_rows: int) -> torch.Tensor:
+    """Output projection, residual, post-norm MLP, residual (the rest of a pre-norm decoder layer); the MLP runs
+    ``mlp_rows`` rows at a time (rows are independent there), so its R x 3·d_ff intermediates never exist at once."""
     x = x + layer.self_attn.o_proj(attn_out.transpose(1, 2).reshape(1, x.shape[1], -1))
-    return x + layer.mlp(layer.post_attention_layernorm(x))
+    for s in range(0, x.shape[1], mlp_rows):
+        part = x[:, s:s + mlp_rows]
+        part += layer.mlp(layer.post_attention_layernorm(part))
+    return x
 
 
 class _Attention:
@@ -553,6 +561,8 @@ def _split_attention(q, k, v, prefix: int, rest_mask: torch.Tensor | None, scale
 
 
 _FLEX_BLOCK = 128
+_SDPA_ROWS = 32
+"""Boundary rows per last-layer attention call on SDPA (their masks: rows x the keys between the first and last row)."""
 
 
 def _block_lists(q_bound: torch.Tensor, n_traj: int, q_seg: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -668,16 +678,18 @@ def _score_packed(parts: _DecoderParts, trajectory_ids, boundaries, probes, cfg:
     # Last layer: only the rows x[b_k - 1] of the trajectory are read out, so only they need queries, attention and
     # MLP there (every row still contributes keys/values).
     context_rows, boundary_row = torch.unique(bounds.to(device) - 1, return_inverse=True)
-    row_step = max(1, cfg.mask_budget_mb * 2**20 // (elem * length)) if sdpa else context_rows.numel()
+    # SDPA: a chunk's mask spans the keys from its first row to its last (the earlier ones are a mask-free call),
+    # so few rows per chunk keep it small.
+    row_step = max(1, min(_SDPA_ROWS, cfg.mask_budget_mb * 2**20 // (elem * length))) if sdpa else context_rows.numel()
     row_chunks = [(s, min(s + row_step, context_rows.numel())) for s in range(0, context_rows.numel(), row_step)]
-    row_plans = [attention.plan(context_rows[s:e] + 1, length) for s, e in row_chunks]
+    row_keys = [int(context_rows[e - 1]) + 1 for _, e in row_chunks]  # a chunk sees no key past its last row
+    row_plans = [attention.plan(context_rows[s:e] + 1, n) for (s, e), n in zip(row_chunks, row_keys)]
     probe_plans = [attention.plan(token_bound[g.start:g.end], g.b_max, copy_of_token[g.start:g.end])
                    for g in groups]
     probe_chunks = [(s, min(s + cfg.max_probe_tokens, n_tokens)) for s in range(0, n_tokens, cfg.max_probe_tokens)]
     # RoPE tables depend only on positions: computed once, shared by all layers (the model's own rotary module).
     like = torch.empty(0, device=device, dtype=dtype)  # the rotary module reads only device and dtype from it
     probe_rope = [parts.rotary(like, token_pos[None, s:e]) for s, e in probe_chunks]
-    traj_rope = [parts.rotary(like, positions[None, s:e]) for s, e in blocks]
     row_rope = [parts.rotary(like, context_rows[None, s:e]) for s, e in row_chunks]
 
     width = max((g.end - g.start for g in groups), default=0)
@@ -687,20 +699,24 @@ def _score_packed(parts: _DecoderParts, trajectory_ids, boundaries, probes, cfg:
     k_all = torch.empty(1, parts.n_kv_heads, n_tokens, parts.head_dim, device=device, dtype=dtype)
     v_all, out_all = torch.empty_like(k_all), torch.empty_like(q_all)
     last = len(parts.layers) - 1
+    mlp_rows = cfg.mlp_chunk_tokens
     for index, layer in enumerate(parts.layers):
         with _gathered(layer):
-            for (s, e), plan, rope in zip(blocks, traj_plans, traj_rope):
+            for (s, e), plan in zip(blocks, traj_plans):
                 x = hidden[:, s:e]
+                # Trajectory RoPE per block and layer: its L x d_h table would outweigh the recomputation.
+                rope = parts.rotary(like, positions[None, s:e])
                 q, k, v = _project(layer, x, rope, parts, queries=index < last)
                 k_buf[:, :, s:e], v_buf[:, :, s:e] = k, v
                 if index < last:
-                    hidden[:, s:e] = _finish(layer, x, attention(q, k_buf[:, :, :e], v_buf[:, :, :e], plan, scale))
+                    out = attention(q, k_buf[:, :, :e], v_buf[:, :, :e], plan, scale)
+                    hidden[:, s:e] = _finish(layer, x, out, mlp_rows)
             if index == last:
                 context = hidden[:, context_rows]
-                for (s, e), plan, rope in zip(row_chunks, row_plans, row_rope):
+                for (s, e), n, plan, rope in zip(row_chunks, row_keys, row_plans, row_rope):
                     q = _project(layer, context[:, s:e], rope, parts)[0]
-                    out = attention(q, k_buf[:, :, :length], v_buf[:, :, :length], plan, scale)
-                    context[:, s:e] = _finish(layer, context[:, s:e], out)
+                    out = attention(q, k_buf[:, :, :n], v_buf[:, :, :n], plan, scale)
+                    context[:, s:e] = _finish(layer, context[:, s:e], out, mlp_rows)
             # Probes: per-token work (norms, projections, MLP) in chunks of max_probe_tokens, attention per group.
             for (s, e), rope in zip(probe_chunks, probe_rope):
                 q_all[:, :, s:e], k_all[:, :, s:e], v_all[:, :, s:e] = _project(
@@ -713,7 +729,7 @@ def _score_packed(parts: _DecoderParts, trajectory_ids, boundaries, probes, cfg:
                 out_all[:, :, g.start:g.end] = attention(q_all[:, :, g.start:g.end], k_buf[:, :, :end],
                                                          v_buf[:, :, :end], plan, scale)
             for s, e in probe_chunks:
-                probe_hidden[:, s:e] = _finish(layer, probe_hidden[:, s:e], out_all[:, :, s:e])
+                probe_hidden[:, s:e] = _finish(layer, probe_hidden[:, s:e], out_all[:, :, s:e], mlp_rows)
     del k_buf, v_buf
 
     # Predicting row of target y_pj: copy row j - 1, or for j = 0 the last context token x[b_k - 1], whose final
@@ -738,8 +754,9 @@ def _score_packed(parts: _DecoderParts, trajectory_ids, boundaries, probes, cfg:
     row, target_ids = row.to(device), target_ids.to(device)
     with _gathered(parts.root, parts.norm, parts.lm_head):
         for s in range(0, row.numel(), step):
-            logits = parts.lm_head.forward(parts.norm.forward(sources[row[s:s + step]])).float() / cfg.temperature
-            logp[s:s + step] = torch.log_softmax(logits, dim=-1).gather(-1, target_ids[s:s + step, None])[:, 0]
+            # log softmax at the target only: z_y - logsumexp(z), no second rows x V tensor (the budget's worth).
+            logits = parts.lm_head.forward(parts.norm.forward(sources[row[s:s + step]])).float().div_(cfg.temperature)
+            logp[s:s + step] = logits.gather(-1, target_ids[s:s + step, None])[:, 0] - torch.logsumexp(logits, -1)
 
     # Segment mean over each copy's targets, then back to [K, P] in the caller's boundary order.
     sums = torch.zeros(copy_k.numel(), dtype=torch.float32).index_add_(0, copy_of_target, logp.cpu())
