@@ -562,7 +562,7 @@ def _split_attention(q, k, v, prefix: int, rest_mask: torch.Tensor | None, scale
 
 _FLEX_BLOCK = 128
 _SDPA_ROWS = 32
-"""Boundary rows per last-layer attention call on SDPA (their masks: rows x the keys between the first and last row)."""
+"""Boundary rows per last-layer attention call on SDPA (its mask: rows x the keys up to the chunk's last row)."""
 
 
 def _block_lists(q_bound: torch.Tensor, n_traj: int, q_seg: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -678,8 +678,7 @@ def _score_packed(parts: _DecoderParts, trajectory_ids, boundaries, probes, cfg:
     # Last layer: only the rows x[b_k - 1] of the trajectory are read out, so only they need queries, attention and
     # MLP there (every row still contributes keys/values).
     context_rows, boundary_row = torch.unique(bounds.to(device) - 1, return_inverse=True)
-    # SDPA: a chunk's mask spans the keys from its first row to its last (the earlier ones are a mask-free call),
-    # so few rows per chunk keep it small.
+    # SDPA: a chunk's mask covers the keys up to its last row, so few rows per chunk keep it small.
     row_step = max(1, min(_SDPA_ROWS, cfg.mask_budget_mb * 2**20 // (elem * length))) if sdpa else context_rows.numel()
     row_chunks = [(s, min(s + row_step, context_rows.numel())) for s in range(0, context_rows.numel(), row_step)]
     row_keys = [int(context_rows[e - 1]) + 1 for _, e in row_chunks]  # a chunk sees no key past its last row
