@@ -755,7 +755,7 @@ def _score_packed(parts: _DecoderParts, trajectory_ids, boundaries, probes, cfg:
         for s in range(0, row.numel(), step):
             # log softmax at the target only: z_y - logsumexp(z), no second rows x V tensor (the budget's worth).
             logits = parts.lm_head.forward(parts.norm.forward(sources[row[s:s + step]])).float().div_(cfg.temperature)
-            logp[s:s + step] = logits.gather(-1, target_ids[s:s + step, None])[:, 0] - torch.logsumexp(logits, -1)
+            logp[s:s + step] = logits.gather(-1, target_ids[s:s + step, None])[:, 0] - _logsumexp_(logits)
 
     # Segment mean over each copy's targets, then back to [K, P] in the caller's boundary order.
     sums = torch.zeros(copy_k.numel(), dtype=torch.float32).index_add_(0, copy_of_target, logp.cpu())
@@ -767,6 +767,12 @@ def _score_packed(parts: _DecoderParts, trajectory_ids, boundaries, probes, cfg:
     out = torch.empty(len(boundaries), n_probes, dtype=torch.float32)
     out[copy_k, copy_p] = means
     return out
+
+
+def _logsumexp_(z: torch.Tensor) -> torch.Tensor:
+    """logsumexp over the last dim, overwriting ``z`` (torch.logsumexp holds two more rows x V temporaries)."""
+    top = z.amax(-1, keepdim=True)
+    return z.sub_(top).exp_().sum(-1).log_().add_(top[:, 0])
 
 
 def _kl_readout(parts: _DecoderParts, sources, row, n_targets, copy_of_k, pairs, cfg: ScoringConfig, vocab: int,
@@ -788,9 +794,13 @@ def _kl_readout(parts: _DecoderParts, sources, row, n_targets, copy_of_k, pairs,
     with _gathered(parts.root, parts.norm, parts.lm_head):
         for s in range(0, owner.numel(), step):
             both = sources[torch.cat([rows_f[s:s + step], rows_c[s:s + step]])]
-            logp = torch.log_softmax(parts.lm_head.forward(parts.norm.forward(both)).float() / cfg.temperature, -1)
+            logits = parts.lm_head.forward(parts.norm.forward(both)).float().div_(cfg.temperature)
+            logp = torch.log_softmax(logits, -1)
+            del logits
             lf, lc = logp.split(logp.shape[0] // 2)
-            kl[s:s + step] = (lf.exp() * (lf - lc)).sum(-1)
+            # In place: one rows x V temporary (log p_f - log p_c) beside log p, where the direct form holds three.
+            diff = lf - lc
+            kl[s:s + step] = diff.mul_(lf.exp_()).sum(-1)
     sums = torch.zeros(len(pairs), dtype=torch.float32).index_add_(0, owner, kl.cpu())
     counts = torch.zeros(len(pairs), dtype=torch.float32).index_add_(0, owner, torch.ones(owner.numel()))
     return sums / counts
