@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Runs every benchmark (scripts/bench_*.py) once, one after another, and writes results/bench/<date>.md (date from
 # `date +%F`; a second run on the same day writes <date>-2.md, and so on): the machine, each script's last line and
-# wall time, and each script's full output. The target is <= 15 minutes on 2 cores: on an idle 2-core AMD EPYC it took
-# 11.7-13.2 minutes in the latest three runs (8.6-9.3 of them bench_scoring); on 2 cores shared with another engineer's jobs (load 2-5) 22-27
-# minutes, 17-23 of them bench_scoring's memory part (KV reuse's chunked HF prefill at 32K takes 1-3 minutes per
-# scoring there; see results/bench/).
+# wall time, and each script's full output. The target is <= 15 minutes on 2 cores: on an idle 2-core AMD EPYC the
+# latest three runs took 11.7-13.2 minutes (8.6-9.3 of them bench_scoring); on 2 cores shared with another engineer's
+# jobs (load 2-5) 22-27 minutes, 17-23 of them bench_scoring's memory part (KV reuse's chunked HF prefill at 32K takes
+# 1-3 minutes per scoring there; see results/bench/).
 #
 # Usage: scripts/bench_all.sh            (exit status 1 if any benchmark failed; the others still run)
 # bench_bm25 runs on 200,000 synthetic passages here (its default is 1,000,000, ~3x longer per round).
