@@ -7,12 +7,13 @@
 # 1-3 minutes per scoring there; see results/bench/).
 #
 # Usage: scripts/bench_all.sh            (exit status 1 if any benchmark failed; the others still run)
-# bench_bm25 runs on 200,000 synthetic passages here (its default is 1,000,000, ~3x longer per round).
+# bench_bm25 runs on 100,000 synthetic passages here (its default is 1,000,000; each round builds both its side and
+# plain bm25s's in-memory index).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source scripts/env.sh
 
-declare -A ARGS=([bench_bm25]="--passages 200000")
+declare -A ARGS=([bench_bm25]="--passages 100000")
 ORDER=(bench_advantage bench_scoring bench_infopo bench_agent_loop bench_tool_server bench_bm25)
 for script in scripts/bench_*.py; do  # a new benchmark is never skipped silently
     name=$(basename "$script" .py)

@@ -1,18 +1,31 @@
-"""BM25 backend at scale: streamed index build, cached reload and query latency on a synthetic corpus.
+"""BM25 backend at scale against plain bm25s: index build, memory and query latency on a synthetic corpus.
 
 Writes a synthetic Search-R1/FlashRAG corpus of ``--passages`` N (1,000,000) passages to a temporary folder (never
 into the repository): ~100 words each (normal, sd 15, at least 20), drawn from a Zipf-like vocabulary (p(rank r) ∝
 1/r^1.07 over ``--vocab`` words, the most frequent ranks being real English stop words, as in running text), a
-2-3 word title first. Then, in this process, ``--rounds`` (3) times (a fresh index each round):
+2-3 word title first. The queries are ``--queries`` (1000) runs of 2-5 words taken from random passages, not all
+stop words.
 
-    build_s  -- first ``LocalBackend`` start: streamed build + cache write + memory-mapped load
-    load_s   -- second start: the cached index, memory-mapped
-    query    -- ``--queries`` (200) searches of 2-5 words taken from random passages, topk 5, one at a time
-    peak_rss -- this process's peak resident memory (the corpus is generated in a child process)
+The baseline is what a Python user would otherwise run (FlashRAG's bm25s retriever does the same): read the JSONL into
+a list, ``bm25s.tokenize(contents, stopwords="en")``, ``bm25s.BM25().index(...)``, and per query ``bm25s.tokenize`` +
+``retrieve(k=5)`` with the hits' texts taken from the list. Ours is ``tool_server``'s ``LocalBackend``: streamed build
+to disk, memory-mapped load, ``search_one(topk=5)``. ``--rounds`` (3) times, each side in a fresh process (one after
+the other, ours first):
 
-Each figure is printed as median (min, max) over the rounds; peak_rss is over the whole run. The 21M figure is a
-linear extrapolation of the median build_s (N → 21,015,324 passages of wiki-18), not a measurement. Last line (medians): ``bm25: passages=<n> build_s=<t> load_s=<t> query_p50_ms=<x> query_p95_ms=<y> peak_rss_gb=<m>
-extrapolated_21M_build_h=<h>``.
+    ours     -- a fresh index: build_s (streamed build + cache write + memory-mapped load), then load_s (second
+                start, the cached index), and the process's peak RSS
+    baseline -- build_s (read + tokenise + index in memory) and the process's peak RSS at that point; then, in the
+                same process, ours loaded from the cache, and the queries timed one at a time on both, alternating
+                which side goes first; their top-5 hits are compared (scores, and the ids above each query's tie at
+                the 5th score)
+
+A machine's speed moves absolute times (on the same 2-core machine type our build of 200K passages took 15-28 s from
+one run to the next), and both sides are pure-Python tokenisation at heart, so the headline is ours / baseline
+measured side by side: build_s, query p50 and p95, peak RSS. Each figure is the median (min, max) over the rounds of
+the per-round ratio. The absolute figures are printed on the line above the last, with the 21M build time a linear
+extrapolation of ours (N → 21,015,324 passages of wiki-18), not a measurement. Exits 1 when a query's top-5 differs.
+Last line (medians): ``bm25: passages=<n> build_vs_bm25s=<r> query_p50_vs_bm25s=<r> query_p95_vs_bm25s=<r>
+peak_rss_vs_bm25s=<r> topk_max_abs_diff=<d> topk_mismatches=<m>``.
 """
 from __future__ import annotations
 
@@ -37,6 +50,8 @@ sys.path.insert(0, str(ROOT))
 from benchmark_report import Rounds, check_rounds, machine_line  # noqa: E402
 
 WIKI18_PASSAGES = 21_015_324  # psgs_w100 / wiki-18 as used by Search-R1 and FlashRAG
+TOPK = 5
+SCORE_TOL = 1e-4  # float32 BM25 scores (~1-40 here); both sides sum the same float32 matrix entries
 
 
 def generate(path: Path, n: int, vocab_size: int, seed: int) -> None:
@@ -70,37 +85,128 @@ def generate(path: Path, n: int, vocab_size: int, seed: int) -> None:
             f.write("\n".join(lines) + "\n")
 
 
-def rss_gb(peak: bool) -> float:
-    if peak:
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**30
+def make_queries(corpus: Path, n_passages: int, n: int, seed: int) -> list[str]:
+    """``n`` runs of 2-5 words from random passages' texts, each with at least one word that is not a stop word."""
+    from bm25s.stopwords import STOPWORDS_EN
 
-
-def query_latencies(backend, n: int, seed: int) -> tuple[np.ndarray, int]:
-    """Milliseconds of ``n`` searches of 2-5 words taken from random passages (topk 5, one at a time), and how many
-    had hits; closes the backend."""
+    stop = frozenset(STOPWORDS_EN)
     rng = np.random.default_rng(seed + 1)
+    wanted = rng.integers(0, n_passages, 2 * n)
+    lines = set(wanted.tolist())
+    texts = {}
+    with corpus.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f):
+            if lineno in lines:
+                texts[lineno] = json.loads(line)["contents"].split("\n", 1)[1].rstrip(".").split()
     queries = []
-    for i in rng.integers(0, len(backend), n):
-        words = backend._record(int(i))[1].split("\n", 1)[1].rstrip(".").split()
+    for i in wanted:
+        words = texts[int(i)]
         k = int(rng.integers(2, 6))
         j = int(rng.integers(0, len(words) - k))
-        queries.append(" ".join(words[j:j + k]))
+        if any(w not in stop for w in words[j:j + k]):
+            queries.append(" ".join(words[j:j + k]))
+        if len(queries) == n:
+            return queries
+    raise SystemExit(f"only {len(queries)} of {n} queries had a word that is not a stop word; raise --vocab")
 
-    async def run() -> tuple[list[float], int]:
-        await backend.search_one(queries[0], 5, float("inf"))  # first touch of the mapped files
-        times, found = [], 0
-        for q in queries:
-            t0 = time.perf_counter()
-            hits = await backend.search_one(q, 5, float("inf"))
-            times.append(time.perf_counter() - t0)
-            found += bool(hits)
-        await backend.aclose()
-        return times, found
 
-    times, found = asyncio.run(run())
-    return np.array(times) * 1000, found
+def peak_rss_gb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+
+
+def side_ours(corpus: Path, index_dir: Path) -> dict:
+    """A fresh index: build, then a second start from the cache; this process's peak RSS."""
+    from tool_server.backends.local import LocalBackend
+
+    shutil.rmtree(index_dir, ignore_errors=True)
+    t = time.perf_counter()
+    backend = LocalBackend(corpus, index_dir=index_dir, progress_every_s=15)
+    build_s = time.perf_counter() - t
+    assert backend.built
+    meta = json.loads((backend.index_path / "meta.json").read_text())
+    index_gb = sum(f.stat().st_size for f in backend.index_path.iterdir()) / 2**30
+    asyncio.run(backend.aclose())
+    del backend
+    t = time.perf_counter()
+    backend = LocalBackend(corpus, index_dir=index_dir)
+    load_s = time.perf_counter() - t
+    assert not backend.built
+    asyncio.run(backend.aclose())
+    return {"build_s": build_s, "load_s": load_s, "peak_rss_gb": peak_rss_gb(), "index_gb": index_gb,
+            "pass1_s": meta["pass1_s"], "vocabulary": meta["vocabulary"], "nonzeros": meta["nonzeros"]}
+
+
+def side_bm25s(corpus: Path, index_dir: Path, queries: list[str]) -> dict:
+    """The plain bm25s build in memory (timed, then this process's peak RSS); then ours from the cache, and the
+    queries on both, alternating which goes first; the top-5 hits compared."""
+    import bm25s
+
+    from tool_server.backends.local import CORPUS_SCHEME, LocalBackend, split_contents
+
+    t = time.perf_counter()
+    ids, contents = [], []
+    with corpus.open(encoding="utf-8") as f:
+        for line in f:
+            record = json.loads(line)
+            ids.append(record["id"])
+            contents.append(record["contents"])
+    retriever = bm25s.BM25()
+    retriever.index(bm25s.tokenize(contents, stopwords="en", show_progress=False), show_progress=False)
+    build_s = time.perf_counter() - t
+    peak = peak_rss_gb()
+
+    def baseline(query: str) -> list[dict]:
+        tokens = bm25s.tokenize(query, stopwords="en", show_progress=False)
+        docs, scores = retriever.retrieve(tokens, k=TOPK, show_progress=False)
+        hits = []
+        for i, s in zip(docs[0].tolist(), scores[0].tolist()):
+            if s > 0:
+                title, text = split_contents(contents[i])
+                hits.append({"title": title, "url": CORPUS_SCHEME + ids[i], "snippet": text[:600], "score": s})
+        return hits
+
+    ours = LocalBackend(corpus, index_dir=index_dir)
+    assert not ours.built
+
+    async def run() -> tuple[list[float], list[float], float, int]:
+        await ours.search_one(queries[0], TOPK, float("inf"))  # first touch of the mapped files
+        baseline(queries[0])
+        t_ours, t_base, max_diff, mismatches = [], [], 0.0, 0
+        for n, q in enumerate(queries):
+            for side in ((0, 1) if n % 2 == 0 else (1, 0)):
+                t0 = time.perf_counter()
+                if side == 0:
+                    mine = await ours.search_one(q, TOPK, float("inf"))
+                    t_ours.append(time.perf_counter() - t0)
+                else:
+                    theirs = baseline(q)
+                    t_base.append(time.perf_counter() - t0)
+            a = [h.score for h in mine]
+            b = [h["score"] for h in theirs]
+            if len(a) != len(b):
+                mismatches += 1
+                continue
+            if a:
+                max_diff = max(max_diff, float(np.max(np.abs(np.subtract(a, b)))))
+                cut = min(a[-1], b[-1]) + SCORE_TOL  # hits tied with the 5th may be any of the tied passages
+                if {h.url for h in mine if h.score > cut} != {h["url"] for h in theirs if h["score"] > cut}:
+                    mismatches += 1
+        await ours.aclose()
+        return t_ours, t_base, max_diff, mismatches
+
+    t_ours, t_base, max_diff, mismatches = asyncio.run(run())
+    ms_ours, ms_base = np.array(t_ours) * 1000, np.array(t_base) * 1000
+    return {"build_s": build_s, "peak_rss_gb": peak,
+            "query_p50_ms": [float(np.percentile(ms_ours, 50)), float(np.percentile(ms_base, 50))],
+            "query_p95_ms": [float(np.percentile(ms_ours, 95)), float(np.percentile(ms_base, 95))],
+            "topk_max_abs_diff": max_diff, "topk_mismatches": mismatches}
+
+
+def run_side(side: str, corpus: Path, index_dir: Path, queries_file: Path) -> dict:
+    out = queries_file.with_name(f"{side}.json")
+    subprocess.run([sys.executable, __file__, "--side", side, "--corpus", str(corpus), "--index-dir", str(index_dir),
+                    "--queries-file", str(queries_file), "--side-out", str(out)], check=True)
+    return json.loads(out.read_text())
 
 
 def main() -> None:
@@ -109,21 +215,31 @@ def main() -> None:
     p.add_argument("--vocab", type=int, default=500_000, help="distinct words of the synthetic language")
     p.add_argument("--queries", type=int, default=200)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--rounds", type=int, default=3, help="index builds, each loaded and queried (>= 3)")
+    p.add_argument("--rounds", type=int, default=3, help="rounds of both sides, each building afresh (>= 3)")
     p.add_argument("--workdir", type=Path, default=None,
                    help="folder for the corpus and index (default: a fresh temporary folder, removed at the end)")
     p.add_argument("--keep", action="store_true", help="keep the temporary folder")
     p.add_argument("--generate-only", type=Path, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--side", choices=["ours", "bm25s"], default=None, help=argparse.SUPPRESS)
+    p.add_argument("--corpus", type=Path, help=argparse.SUPPRESS)
+    p.add_argument("--index-dir", type=Path, help=argparse.SUPPRESS)
+    p.add_argument("--queries-file", type=Path, help=argparse.SUPPRESS)
+    p.add_argument("--side-out", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.generate_only:
         generate(args.generate_only, args.passages, args.vocab, args.seed)
         return
+    if args.side:
+        logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+        if args.side == "ours":
+            facts = side_ours(args.corpus, args.index_dir)
+        else:
+            facts = side_bm25s(args.corpus, args.index_dir, json.loads(args.queries_file.read_text()))
+        args.side_out.write_text(json.dumps(facts))
+        return
 
     check_rounds(args.rounds)
-    print(machine_line("1 (build and queries in this process)"))
-    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    from tool_server.backends.local import LocalBackend
-
+    print(machine_line("1 (each side in its own process, one at a time)"))
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="bench_bm25_"))
     workdir.mkdir(parents=True, exist_ok=True)
     corpus = workdir / f"synthetic_{args.passages}.jsonl"
@@ -134,40 +250,49 @@ def main() -> None:
                             str(args.passages), "--vocab", str(args.vocab), "--seed", str(args.seed)], check=True)
             print(f"generated {corpus} ({corpus.stat().st_size / 2**30:.2f} GiB) in {time.perf_counter() - t:.0f} s",
                   file=sys.stderr)
+        queries_file = workdir / "queries.json"
+        queries_file.write_text(json.dumps(make_queries(corpus, args.passages, args.queries, args.seed)))
         index_dir = workdir / "index"
-        build, load, p50, p95 = Rounds(), Rounds(), Rounds(), Rounds()
+        names = ["build_s", "query_p50_ms", "query_p95_ms", "peak_rss_gb"]
+        ratio = {k: Rounds() for k in names}
+        absolute = {k: (Rounds(), Rounds()) for k in names}  # ours, bm25s
+        load, diffs, mismatches = Rounds(), [], 0
         for _ in range(args.rounds):
-            shutil.rmtree(index_dir, ignore_errors=True)
-            t = time.perf_counter()
-            backend = LocalBackend(corpus, index_dir=index_dir, progress_every_s=15)
-            build.append(time.perf_counter() - t)
-            assert backend.built
-            meta = json.loads((backend.index_path / "meta.json").read_text())
-            index_gb = sum(f.stat().st_size for f in backend.index_path.iterdir()) / 2**30
-            del backend
-
-            t = time.perf_counter()
-            backend = LocalBackend(corpus, index_dir=index_dir)
-            load.append(time.perf_counter() - t)
-            assert not backend.built
-            rss_loaded = rss_gb(peak=False)
-            lat_ms, found = query_latencies(backend, args.queries, args.seed)
-            p50.append(np.percentile(lat_ms, 50))
-            p95.append(np.percentile(lat_ms, 95))
-        peak = rss_gb(peak=True)
-        extrap_h = build.median * WIKI18_PASSAGES / args.passages / 3600
-        print(f"corpus {corpus.stat().st_size / 2**30:.2f} GiB, {meta['vocabulary']} terms, {meta['nonzeros']} "
-              f"postings; index {index_gb:.2f} GiB on disk; pass 1 (read+tokenise) {meta['pass1_s']:.1f} s of "
-              f"{meta['build_s']:.1f} s build (last round); RSS after cached load {rss_loaded:.2f} GiB; {found} of "
-              f"{args.queries} "
-              "queries had hits (the rest were all stop words)")
-        print(f"extrapolated_21M_build_h is linear in passages: build_s x {WIKI18_PASSAGES:,} / {args.passages:,} "
-              "(an estimate, not a measurement)")
-        print(f"build_s {build.describe('.1f')}; load_s {load.describe('.2f')}; query_p50_ms {p50.describe('.1f')}; "
-              f"query_p95_ms {p95.describe('.1f')}")
-        print(f"bm25: passages={args.passages} build_s={build.median:.1f} load_s={load.median:.2f} "
-              f"query_p50_ms={p50.median:.1f} query_p95_ms={p95.median:.1f} peak_rss_gb={peak:.2f} "
-              f"extrapolated_21M_build_h={extrap_h:.2f}")
+            ours = run_side("ours", corpus, index_dir, queries_file)
+            base = run_side("bm25s", corpus, index_dir, queries_file)
+            pairs = {"build_s": (ours["build_s"], base["build_s"]), "peak_rss_gb": (ours["peak_rss_gb"],
+                     base["peak_rss_gb"]), "query_p50_ms": base["query_p50_ms"], "query_p95_ms": base["query_p95_ms"]}
+            for k, (a, b) in pairs.items():
+                ratio[k].append(a / b)
+                absolute[k][0].append(a)
+                absolute[k][1].append(b)
+            load.append(ours["load_s"])
+            diffs.append(base["topk_max_abs_diff"])
+            mismatches += base["topk_mismatches"]
+        print(f"corpus {corpus.stat().st_size / 2**30:.2f} GiB, {ours['vocabulary']} terms, {ours['nonzeros']} "
+              f"postings; our index {ours['index_gb']:.2f} GiB on disk; our pass 1 (read+tokenise) "
+              f"{ours['pass1_s']:.1f} s of the build (last round); {args.queries} queries per round, 2-5 words")
+        for k in names:
+            print(f"{k}: ours / bm25s {ratio[k].describe('.3f')}; ours {absolute[k][0].describe('.2f')}; bm25s "
+                  f"{absolute[k][1].describe('.2f')}")
+        print(f"our cached load_s {load.describe('.2f')}; top-{TOPK} hits over {args.rounds} x {args.queries} "
+              f"queries: max |score diff| {max(diffs):.2e}, {mismatches} queries with different hits")
+        extrap_h = absolute["build_s"][0].median * WIKI18_PASSAGES / args.passages / 3600
+        print(f"absolute (this machine, moves with its speed): passages={args.passages} build_s="
+              f"{absolute['build_s'][0].median:.1f} bm25s_build_s={absolute['build_s'][1].median:.1f} load_s="
+              f"{load.median:.2f} query_p50_ms={absolute['query_p50_ms'][0].median:.2f} query_p95_ms="
+              f"{absolute['query_p95_ms'][0].median:.2f} peak_rss_gb={absolute['peak_rss_gb'][0].median:.2f} "
+              f"bm25s_peak_rss_gb={absolute['peak_rss_gb'][1].median:.2f} extrapolated_21M_build_h={extrap_h:.2f} "
+              f"(linear in passages, an estimate)")
+        print(f"bm25: passages={args.passages} build_vs_bm25s={ratio['build_s'].median:.3f} "
+              f"query_p50_vs_bm25s={ratio['query_p50_ms'].median:.3f} "
+              f"query_p95_vs_bm25s={ratio['query_p95_ms'].median:.3f} "
+              f"peak_rss_vs_bm25s={ratio['peak_rss_gb'].median:.3f} topk_max_abs_diff={max(diffs):.2e} "
+              f"topk_mismatches={mismatches}")
+        if mismatches or max(diffs) > SCORE_TOL:
+            print(f"FAILED: {mismatches} queries' top-{TOPK} hits differ from bm25s's, max score diff {max(diffs):.2e} "
+                  f"(tolerance {SCORE_TOL})", file=sys.stderr)
+            sys.exit(1)
     finally:
         if args.workdir is None and not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)
