@@ -24,9 +24,9 @@ Measured side by side in one run, per path:
 
 Usage: .venv/bin/python scripts/bench_agent_loop.py [--trajectories 4] [--concurrent 16]
 Every figure is measured in --rounds rounds (5), the paths alternating in order; each is printed as median (min, max)
-and the last line gives the medians, the worse path's ratio first (goal: <= 1.5):
-    agent loop: per_turn_cost_ratio_turn200_vs_turn10=<r> actor=<a> rollout=<b> trajectories_per_s_actor=<t>
-    trajectories_per_s_rollout=<u>
+and the last line gives the medians of the ratios, the worse path's first (goal: <= 1.5); the throughputs, which
+move with the machine's speed, are on the line above it:
+    agent loop: per_turn_cost_ratio_turn200_vs_turn10=<r> actor=<a> rollout=<b>
 """
 
 from __future__ import annotations
@@ -206,9 +206,10 @@ async def main(args) -> None:
     print(f"engine round trip, not timed above (per scoring request at {length:.0f} tokens, Ray pickling of the "
           f"prompt and of verl's prompt_logprobs rows): {in_loop * 1e3:.2f} ms in the agent-loop process, "
           f"{in_server * 1e3:.2f} ms in the server")
-    print(f"agent loop: per_turn_cost_ratio_turn200_vs_turn10={worst:.3f} actor={ratio['actor'].median:.3f} "
-          f"rollout={ratio['rollout'].median:.3f} trajectories_per_s_actor={per_s['actor'].median:.2f} "
+    print(f"absolute (this machine, moves with its speed): trajectories_per_s_actor={per_s['actor'].median:.2f} "
           f"trajectories_per_s_rollout={per_s['rollout'].median:.2f}")
+    print(f"agent loop: per_turn_cost_ratio_turn200_vs_turn10={worst:.3f} actor={ratio['actor'].median:.3f} "
+          f"rollout={ratio['rollout'].median:.3f}")
 
 
 if __name__ == "__main__":
