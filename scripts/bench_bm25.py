@@ -94,6 +94,8 @@ def make_queries(corpus: Path, n_passages: int, n: int, seed: int) -> list[str]:
     """``n`` runs of 2-5 words from random passages' texts, each with at least one word that is not a stop word."""
     from bm25s.stopwords import STOPWORDS_EN
 
+    from tool_server.backends.local import split_contents
+
     stop = frozenset(STOPWORDS_EN)
     rng = np.random.default_rng(seed + 1)
     wanted = rng.integers(0, n_passages, 2 * n)
@@ -102,7 +104,7 @@ def make_queries(corpus: Path, n_passages: int, n: int, seed: int) -> list[str]:
     with corpus.open(encoding="utf-8") as f:
         for lineno, line in enumerate(f):
             if lineno in lines:
-                texts[lineno] = json.loads(line)["contents"].split("\n", 1)[1].rstrip(".").split()
+                texts[lineno] = split_contents(json.loads(line)["contents"])[1].rstrip(".").split()
     queries = []
     for i in wanted:
         words = texts[int(i)]
