@@ -2,7 +2,7 @@
 # Runs every benchmark (scripts/bench_*.py) once, one after another, and writes results/bench/<date>.md (date from
 # `date +%F`; a second run on the same day writes <date>-2.md, and so on): the machine, each script's last line and
 # wall time, and each script's full output. The target is <= 15 minutes on 2 cores: on an idle 2-core AMD EPYC runs
-# 11-15 took 12.2-14.3 minutes (8.2-9.6 of them bench_scoring); on 2 cores shared with another engineer's
+# 16-18 took 11.9-12.3 minutes (7.9-8.5 of them bench_scoring); on 2 cores shared with another engineer's
 # jobs (load 2-5) 22-27 minutes, 17-23 of them bench_scoring's memory part (KV reuse's chunked HF prefill at 32K takes
 # 1-3 minutes per scoring there; see results/bench/).
 #
