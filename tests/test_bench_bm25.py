@@ -25,6 +25,22 @@ def test_bench_bm25_compares_with_bm25s_and_prints_ratios(tmp_path):
     assert m, lines[-1]
     assert all(float(x) > 0 for x in m.groups()[:4])
     assert float(m.group(5)) <= _compare()[1]  # SCORE_TOL
+    for name, ratio in zip(("build_s", "query_p50_ms", "query_p95_ms", "peak_rss_gb"), m.groups()[:4]):
+        _assert_ratio_is_ours_over_bm25s(run.stdout, name, float(ratio))
+
+
+def _assert_ratio_is_ours_over_bm25s(stdout: str, name: str, ratio: float) -> None:
+    """Each round's ratio lies between ours' fastest over bm25s's slowest and the reverse, and so does their median:
+    a ratio computed the wrong way round (bm25s / ours) falls outside unless both sides are equal."""
+    number = r"([\d.]+)"
+    line = re.search(rf"^{name}: ours / bm25s median {number} .*?; ours median {number} \(min {number}, max {number}, "
+                     rf"\d+ rounds\); bm25s median {number} \(min {number}, max {number}, ", stdout, re.M)
+    assert line, f"no {name} line"
+    _, _, ours_min, ours_max, _, base_min, base_max = (float(x) for x in line.groups())
+    slack = 0.005  # the sides are printed to 2 decimals
+    low = max(ours_min - slack, 0.0) / (base_max + slack)
+    high = (ours_max + slack) / max(base_min - slack, 1e-9)
+    assert low <= ratio <= high, (name, ratio, low, high)
 
 
 def _compare():
