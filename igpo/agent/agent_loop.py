@@ -289,7 +289,8 @@ def batch_key(kwargs: dict[str, Any]) -> Any:
 
 @dataclass
 class _Trajectory:
-    """Everything one rollout accumulates; turned into an ``AgentLoopOutput`` at the end."""
+    """Everything one rollout accumulates; turned into an ``AgentLoopOutput`` at the end. ``record`` holds what
+    reaches the trainer per turn (``TurnRecord``); the rest is the loop's own working state."""
 
     request_id: str
     seed_key: tuple | None = None  # (run seed, step, uid, stream): per-request sampling seeds (``request_seed``)
@@ -297,28 +298,9 @@ class _Trajectory:
     context: list[int] = field(default_factory=list)
     mask: list[int] = field(default_factory=list)
     logprobs: list[float] | None = field(default_factory=list)
-    turn_ends: list[int] = field(default_factory=list)
-    boundaries: list[int] = field(default_factory=list)
-    tool_names: list[str | None] = field(default_factory=list)
-    tool_status: list[str] = field(default_factory=list)
-    format_ok: list[bool] = field(default_factory=list)
-    infra_errors: int = 0
-    forced_final: bool = False
-    cutoff: bool = False
-    truncated: bool = False
-    retries: int = 0
-    eos_appended: int = 0
-    empty_turns: int = 0
+    record: TurnRecord = field(default_factory=TurnRecord)
     observations: int = 0
-    final_turn_text: str = ""
-    final_answer: str | None = None
-    stop_reason: str = "none"
-    error: str | None = None
     scoring_tasks: dict[int, asyncio.Task] = field(default_factory=dict)
-    answer_logprobs: list[list[float] | None] = field(default_factory=list)
-    answer_seen: list[bool] = field(default_factory=list)
-    scoring_errors: int = 0
-    context_overflow: bool = False
     server_fields: dict[str, Any] = field(default_factory=dict)
     generate_s: float = 0.0
     tool_s: float = 0.0
@@ -397,7 +379,7 @@ class IGPOAgentLoop(AgentLoopBase):
                 await self._rollout(traj, sampling_params, kwargs, progress)
         except SampleError as err:
             logger.warning("igpo_agent: sample %s becomes a dummy output: %s", kwargs.get("index"), err)
-            traj.error = str(err)
+            traj.record.error = str(err)
         finally:
             for task in traj.scoring_tasks.values():
                 task.cancel()
@@ -454,13 +436,13 @@ class IGPOAgentLoop(AgentLoopBase):
 
         for j in range(max_turns):
             if reason is not None:
-                traj.forced_final = True
-                traj.cutoff = traj.cutoff or reason == "cutoff"
+                traj.record.forced_final = True
+                traj.record.cutoff = traj.record.cutoff or reason == "cutoff"
             boundary = len(traj.context)
             if limit - boundary < 2:  # not even one token plus the end-of-turn token fits
-                traj.truncated, traj.stop_reason = True, "context"
+                traj.record.truncated, traj.record.stop_reason = True, "context"
                 break
-            traj.boundaries.append(boundary)
+            traj.record.boundaries.append(boundary)
             self._schedule_scoring(traj, probes, j, boundary)
 
             try:
@@ -474,47 +456,47 @@ class IGPOAgentLoop(AgentLoopBase):
                 # uses). Ending this trajectory keeps the rest of the worker's batch, which an exception would lose.
                 logger.warning("igpo_agent: the engine refused a context of %d tokens as too long; the trajectory "
                                "ends truncated. Check rollout.max_model_len against the engine: %s", boundary, err)
-                traj.boundaries.pop()  # boundary j has no turn
+                traj.record.boundaries.pop()  # boundary j has no turn
                 task = traj.scoring_tasks.pop(j, None)
                 if task is not None:
                     task.cancel()
-                traj.truncated, traj.stop_reason, traj.context_overflow = True, "context", True
+                traj.record.truncated, traj.record.stop_reason, traj.record.context_overflow = True, "context", True
                 break
             ended = bool(ids) and ids[-1] == frame.eot_id
             traj.append(ids, True, logprobs)
-            traj.turn_ends.append(len(traj.context) - traj.prompt_len - 1)
+            traj.record.turn_ends.append(len(traj.context) - traj.prompt_len - 1)
             if not ended:  # the engine stopped at max_tokens (or aborted): close the turn for the template.
                 # The policy did not sample this token, so it is not trained on (mask 0).
                 traj.append([frame.eot_id], False)
-                traj.eos_appended += 1
+                traj.record.eos_appended += 1
             if not ids:
                 # An empty generation (an abort) has no token of its own: its turn ends on the untrained end-of-turn
                 # token just appended, never on the previous observation (or -1 for a first turn). The trainer keeps
                 # its rewards as positions outside the loss mask and counts it (igpo/empty_turns).
-                traj.turn_ends[-1] = len(traj.context) - traj.prompt_len - 1
-                traj.empty_turns += 1
+                traj.record.turn_ends[-1] = len(traj.context) - traj.prompt_len - 1
+                traj.record.empty_turns += 1
             reference_rules = cfg.turn_rules == "reference"
             if reference_rules:  # the reference stores, checks and scores the tag-fixed text
                 text = reference_tag_fix(text, frame.think_prefilled)
-            traj.final_turn_text = text
+            traj.record.final_turn_text = text
 
             if reason is not None or parsed.kind == "answer":
-                traj.tool_names.append(None)
-                traj.tool_status.append("answer" if parsed.kind == "answer" else "none")
-                traj.format_ok.append(reference_turn_ok(text, final=True) if reference_rules else
-                                      check_answer_turn(text, think_prefilled=frame.think_prefilled,
-                                                        require_think=cfg.require_think))
-                traj.final_answer = parsed.answer if parsed.kind == "answer" else None
-                traj.stop_reason = reason or "answer"
-                traj.truncated = traj.truncated or not ended
+                traj.record.tool_names.append(None)
+                traj.record.tool_status.append("answer" if parsed.kind == "answer" else "none")
+                traj.record.format_ok.append(reference_turn_ok(text, final=True) if reference_rules else
+                                             check_answer_turn(text, think_prefilled=frame.think_prefilled,
+                                                               require_think=cfg.require_think))
+                traj.record.final_answer = parsed.answer if parsed.kind == "answer" else None
+                traj.record.stop_reason = reason or "answer"
+                traj.record.truncated = traj.record.truncated or not ended
                 break
 
             name, status, content = await self._act(traj, parsed, seen_calls, j)
-            traj.tool_names.append(name)
-            traj.tool_status.append(status)
-            traj.format_ok.append(reference_turn_ok(text, final=False) if reference_rules else
-                                  check_tool_turn(text, think_prefilled=frame.think_prefilled,
-                                                  require_think=cfg.require_think))
+            traj.record.tool_names.append(name)
+            traj.record.tool_status.append(status)
+            traj.record.format_ok.append(reference_turn_ok(text, final=False) if reference_rules else
+                                         check_tool_turn(text, think_prefilled=frame.think_prefilled,
+                                                         require_think=cfg.require_think))
 
             # Decide whether turn j+1 must be the final one, then close turn j with its observation.
             after_turn = len(traj.context)
@@ -530,7 +512,7 @@ class IGPOAgentLoop(AgentLoopBase):
                 budget = max(0, min(cfg.max_observation_tokens, room))
                 obs = frame.observation(content_ids, reason, budget, self.tokenizer)
                 if after_turn + len(obs) + 2 > limit:
-                    traj.truncated, traj.stop_reason = True, "context"
+                    traj.record.truncated, traj.record.stop_reason = True, "context"
                     break
             else:
                 budget = cfg.max_observation_tokens
@@ -538,7 +520,7 @@ class IGPOAgentLoop(AgentLoopBase):
             traj.observations += 1
             if aliases:  # diagnostics: did the observation the policy saw hold the answer? (IG should follow it)
                 shown = content if len(content_ids) <= budget else self.tokenizer.decode(content_ids[:budget])
-                traj.answer_seen.append(contains_answer(shown, aliases))
+                traj.record.answer_seen.append(contains_answer(shown, aliases))
 
         await self._collect_scores(traj)
 
@@ -556,7 +538,7 @@ class IGPOAgentLoop(AgentLoopBase):
         attempt = 0
         while True:
             if traj.seed_key is not None:
-                params["seed"] = request_seed(*traj.seed_key, len(traj.boundaries), attempt)
+                params["seed"] = request_seed(*traj.seed_key, len(traj.record.boundaries), attempt)
             start = time.perf_counter()
             out = await self.server_manager.generate(
                 request_id=traj.request_id, prompt_ids=traj.context, sampling_params=params
@@ -579,7 +561,7 @@ class IGPOAgentLoop(AgentLoopBase):
             )
             if retry and attempt < cfg.max_generation_retries:
                 attempt += 1
-                traj.retries += 1
+                traj.record.retries += 1
                 continue
             logprobs = list(out.log_probs)[:max_tokens] if out.log_probs is not None else None
             if logprobs is None or len(logprobs) != len(ids):
@@ -613,7 +595,7 @@ class IGPOAgentLoop(AgentLoopBase):
         traj.tool_s += time.perf_counter() - start
         TOOL_CALLS[status] += 1
         if status == "infra_error":
-            traj.infra_errors += 1
+            traj.record.infra_errors += 1
         else:  # an infrastructure failure may be retried by the model without counting as a duplicate
             seen_calls.setdefault(key, turn)
         return name, status, text
@@ -657,8 +639,8 @@ class IGPOAgentLoop(AgentLoopBase):
         if probes is None:
             return
         # Boundary s depends only on turn s-1's tool; the placeholder stands for turn s (not known yet).
-        scored = scored_boundaries([traj.tool_names[:turn] + [None]], self.settings.info_gain,
-                                   [traj.tool_status[:turn] + ["none"]])[0][turn]
+        scored = scored_boundaries([traj.record.tool_names[:turn] + [None]], self.settings.info_gain,
+                                   [traj.record.tool_status[:turn] + ["none"]])[0][turn]
         if not scored:
             return
         longest = boundary + max(len(p.token_ids) for p in probes)
@@ -666,7 +648,7 @@ class IGPOAgentLoop(AgentLoopBase):
             # The engine needs one token of room after the prompt; sent, the request would only be refused.
             logger.warning("igpo_agent: boundary %d is not scored: context %d + probe reaches %d tokens >= "
                            "rollout.max_model_len=%d", turn, boundary, longest, self.max_model_len)
-            traj.scoring_errors += 1
+            traj.record.scoring_errors += 1
             return
         # The context list itself and the boundary, not a copy of the prefix: copying 95 K tokens costs ~1 ms per turn
         # late in a trajectory, and the context only grows by appends, so its first `boundary` tokens stay as they are.
@@ -703,7 +685,7 @@ class IGPOAgentLoop(AgentLoopBase):
         return list(await asyncio.gather(*(one(p) for p in probes)))
 
     async def _collect_scores(self, traj: _Trajectory) -> None:
-        results: list[list[float] | None] = [None] * len(traj.boundaries)
+        results: list[list[float] | None] = [None] * len(traj.record.boundaries)
         for turn, task in traj.scoring_tasks.items():
             try:
                 results[turn] = await task
@@ -711,9 +693,9 @@ class IGPOAgentLoop(AgentLoopBase):
                 raise
             except Exception as err:  # noqa: BLE001 - a failed boundary is recorded as unscored and counted
                 logger.warning("igpo_agent: answer scoring of boundary %d failed: %s", turn, err)
-                traj.scoring_errors += 1
+                traj.record.scoring_errors += 1
         traj.scoring_tasks.clear()
-        traj.answer_logprobs = results if self.settings.info_gain is not None else []
+        traj.record.answer_logprobs = results if self.settings.info_gain is not None else []
 
     # ------------------------------------------------------------------ output
 
@@ -743,23 +725,16 @@ class IGPOAgentLoop(AgentLoopBase):
             )
         step = batch_key(kwargs)
         fallback_step = step if isinstance(step, int) else 0  # no generation happened: the launch step
-        record = TurnRecord(
-            turn_ends=list(traj.turn_ends), boundaries=list(traj.boundaries), tool_names=list(traj.tool_names),
-            tool_status=list(traj.tool_status), format_ok=list(traj.format_ok),
-            answer_logprobs=traj.answer_logprobs if self.settings.info_gain is not None else [],
-            # Per tool turn whose observation was appended; empty when the sample has no usable ground truth.
-            answer_seen=list(traj.answer_seen), infra_errors=traj.infra_errors, forced_final=traj.forced_final,
-            cutoff=traj.cutoff, truncated=traj.truncated, retries=traj.retries,
-            final_turn_text=traj.final_turn_text, final_answer=traj.final_answer,
-            stop_reason=traj.stop_reason if traj.error is None else "error", eos_appended=traj.eos_appended,
-            empty_turns=traj.empty_turns, scoring_errors=traj.scoring_errors,
-            context_overflow=traj.context_overflow, error=traj.error,
-            # The judge needs the question; the reward function receives only the response and the ground truth.
-            question=next((str(m.get("content", "")) for m in reversed(list(kwargs.get("raw_prompt") or []))
-                           if isinstance(m, dict) and m.get("role") == "user"), ""),
-        )
-        if self.settings.info_gain is not None and len(record.answer_logprobs) != len(traj.boundaries):
-            record.answer_logprobs = [None] * len(traj.boundaries)
+        record = traj.record
+        if self.settings.info_gain is None:
+            record.answer_logprobs = []
+        elif len(record.answer_logprobs) != len(record.boundaries):
+            record.answer_logprobs = [None] * len(record.boundaries)
+        if record.error is not None:
+            record.stop_reason = "error"
+        # The judge needs the question; the reward function receives only the response and the ground truth.
+        record.question = next((str(m.get("content", "")) for m in reversed(list(kwargs.get("raw_prompt") or []))
+                                if isinstance(m, dict) and m.get("role") == "user"), "")
         extra = record.to_extra_fields()
         extra.update({
             "min_global_steps": traj.server_fields.get("min_global_steps", fallback_step),
@@ -772,7 +747,8 @@ class IGPOAgentLoop(AgentLoopBase):
             response_ids=response_ids,
             response_mask=traj.mask,
             response_logprobs=traj.logprobs,
-            num_turns=1 + len(traj.turn_ends) + traj.observations,  # user prompt, assistant turns, tool responses
+            # the user prompt, the assistant turns, the tool responses
+            num_turns=1 + len(traj.record.turn_ends) + traj.observations,
             metrics={
                 "generate_sequences": traj.generate_s, "tool_calls": traj.tool_s, "num_preempted": traj.num_preempted,
             },
