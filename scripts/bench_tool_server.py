@@ -160,7 +160,7 @@ async def main() -> None:
         proc, url = await start_tool_server(fake_url, args.concurrency)
         async with ToolClient(url, max_connections=args.requests) as client, httpx.AsyncClient() as probe:
             # steady state, as in training: open the client's connections before timing
-            await asyncio.gather(*(client.get_json("/health") for _ in range(args.requests)))
+            await bare_round_trips(client, args.requests)
             # and the server's connections to the upstream, and its first-call code paths
             await fire(client, [f"warm-up query {i}" for i in range(args.concurrency)], proc)
             await probe.get(fake_url + "/_reset")

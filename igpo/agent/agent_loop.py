@@ -726,9 +726,7 @@ class IGPOAgentLoop(AgentLoopBase):
         step = batch_key(kwargs)
         fallback_step = step if isinstance(step, int) else 0  # no generation happened: the launch step
         record = traj.record
-        if self.settings.info_gain is None:
-            record.answer_logprobs = []
-        elif len(record.answer_logprobs) != len(record.boundaries):
+        if self.settings.info_gain is not None and len(record.answer_logprobs) != len(record.boundaries):
             record.answer_logprobs = [None] * len(record.boundaries)
         if record.error is not None:
             record.stop_reason = "error"
