@@ -26,7 +26,6 @@ import json
 import multiprocessing
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -38,6 +37,7 @@ import httpx  # noqa: E402
 from benchmark_report import Rounds, check_rounds, machine_line  # noqa: E402
 
 from tool_server import ToolClient  # noqa: E402
+from tool_server.process import start_tool_server  # noqa: E402
 
 PAIRS_PER_TRIAL = 5  # (all-hits run, bare run) pairs after each cold run
 
@@ -106,19 +106,12 @@ def run_fake(latency_s: float, port_out) -> None:
     asyncio.run(SlowSerper(latency_s).serve_forever(port_out))
 
 
-async def start_tool_server(fake_url: str, concurrency: int) -> tuple[subprocess.Popen, str]:
+def tool_server_args(fake_url: str, concurrency: int) -> tuple[list[str], dict[str, str]]:
+    """The web backend's arguments and environment, Serper pointed at the fake."""
     env = {**os.environ, "SERPER_KEY_ID": "bench-key", "JINA_API_KEYS": "bench-key", "API_KEY": "bench-key",
            "API_BASE": fake_url + "/v1", "SUMMARY_MODEL_NAME": "none"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tool_server", "--backend", "web", "--host", "127.0.0.1", "--port", "0",
-         "--serper-base-url", fake_url, "--allow-private-upstreams", "--search-concurrency", str(concurrency),
-         "--search-rate", "100000", "--log-level", "WARNING"],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
-    line = await asyncio.to_thread(proc.stdout.readline)
-    if not line.startswith("tool_server listening on "):
-        proc.kill()
-        raise RuntimeError(f"tool server did not start (printed {line!r})")
-    return proc, line.strip().rsplit(" ", 1)[1]
+    return ["--backend", "web", "--serper-base-url", fake_url, "--allow-private-upstreams", "--search-concurrency",
+            str(concurrency), "--search-rate", "100000", "--log-level", "WARNING"], env
 
 
 async def bare_round_trips(client: ToolClient, n: int) -> float:
@@ -128,15 +121,38 @@ async def bare_round_trips(client: ToolClient, n: int) -> float:
     return time.perf_counter() - start
 
 
-async def fire(client: ToolClient, queries: list[str], server: subprocess.Popen) -> float:
+async def fire(client: ToolClient, queries: list[str]) -> float:
     start = time.perf_counter()
     results = await asyncio.gather(*(client.call("search", {"query": q}) for q in queries))
     elapsed = time.perf_counter() - start
     failed = [r for r in results if not r.ok]
     if failed:
-        raise RuntimeError(f"{len(failed)} searches failed (tool server exit status: {server.poll()}), "
-                           f"first: {failed[0].text[:200]}")
+        raise RuntimeError(f"{len(failed)} searches failed, first: {failed[0].text[:200]}")
     return elapsed
+
+
+async def measure(args: argparse.Namespace, url: str, fake_url: str) -> tuple:
+    """The timed runs against the started server: (its /stats, cold, cached and bare times, the fake's peak
+    concurrency, its calls and the last trial's arrival times)."""
+    async with ToolClient(url, max_connections=args.requests) as client, httpx.AsyncClient() as probe:
+        # steady state, as in training: open the client's connections before timing
+        await bare_round_trips(client, args.requests)
+        # and the server's connections to the upstream, and its first-call code paths
+        await fire(client, [f"warm-up query {i}" for i in range(args.concurrency)])
+        await probe.get(fake_url + "/_reset")
+        colds, warms, bares, peak = [], [], [], 0
+        for trial in range(args.trials):
+            queries = [f"benchmark query number {i} of trial {trial}" for i in range(args.requests)]
+            colds.append(await fire(client, queries))
+            upstream = (await probe.get(fake_url + "/_stats")).json()
+            peak = max(peak, upstream["peak"])
+            for _ in range(PAIRS_PER_TRIAL):
+                warms.append(await fire(client, queries))
+                bares.append(await bare_round_trips(client, args.requests))
+        upstream_calls = upstream["calls"]
+        arrivals = sorted(upstream["arrivals"])[-args.requests:]  # the last trial
+        stats = await client.get_json("/stats")
+    return stats, colds, warms, bares, peak, upstream_calls, arrivals
 
 
 async def main() -> None:
@@ -154,32 +170,12 @@ async def main() -> None:
     port_out = ctx.Queue()
     fake = ctx.Process(target=run_fake, args=(args.latency, port_out), daemon=True)
     fake.start()
-    proc = None
     try:
         fake_url = f"http://127.0.0.1:{port_out.get(timeout=30)}"
-        proc, url = await start_tool_server(fake_url, args.concurrency)
-        async with ToolClient(url, max_connections=args.requests) as client, httpx.AsyncClient() as probe:
-            # steady state, as in training: open the client's connections before timing
-            await bare_round_trips(client, args.requests)
-            # and the server's connections to the upstream, and its first-call code paths
-            await fire(client, [f"warm-up query {i}" for i in range(args.concurrency)], proc)
-            await probe.get(fake_url + "/_reset")
-            colds, warms, bares, peak = [], [], [], 0
-            for trial in range(args.trials):
-                queries = [f"benchmark query number {i} of trial {trial}" for i in range(args.requests)]
-                colds.append(await fire(client, queries, proc))
-                upstream = (await probe.get(fake_url + "/_stats")).json()
-                peak = max(peak, upstream["peak"])
-                for _ in range(PAIRS_PER_TRIAL):
-                    warms.append(await fire(client, queries, proc))
-                    bares.append(await bare_round_trips(client, args.requests))
-            upstream_calls = upstream["calls"]
-            arrivals = sorted(upstream["arrivals"])[-args.requests:]  # the last trial
-            stats = await client.get_json("/stats")
+        server_args, env = tool_server_args(fake_url, args.concurrency)
+        with start_tool_server(server_args, env=env) as url:
+            stats, colds, warms, bares, peak, upstream_calls, arrivals = await measure(args, url, fake_url)
     finally:
-        if proc is not None:
-            proc.terminate()
-            proc.wait(10)
         fake.terminate()
         fake.join(10)
 

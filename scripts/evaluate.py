@@ -62,7 +62,7 @@ from igpo.eval.settings import (  # noqa: E402
     EvalConfig, EvalInputError, check_resume, config_record, git_commit, write_settings,
 )
 from igpo.eval.tables import summarize, write_tables  # noqa: E402
-from igpo.eval.tools import LocalToolServer, TopKTools  # noqa: E402
+from igpo.eval.tools import TopKTools, local_tool_server  # noqa: E402
 from igpo.eval.traces import TraceStore  # noqa: E402
 
 MAX_PRINTED_PROBLEMS = 50
@@ -302,8 +302,8 @@ def main(argv: list[str] | None = None) -> int:
                 (args.out / name).unlink(missing_ok=True)
         with contextlib.ExitStack() as stack:
             if args.corpus:
-                local = stack.enter_context(LocalToolServer(args.corpus, config.top_k, args.out / "tool_server.log"))
-                tool_url = local.url
+                tool_url = stack.enter_context(local_tool_server(args.corpus, config.top_k,
+                                                                 args.out / "tool_server.log"))
             else:
                 tool_url = args.tool_server
                 try:

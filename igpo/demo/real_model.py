@@ -224,7 +224,7 @@ def measure_protocol(model_dir: str | Path, corpus: str | Path, *, n: int = 32, 
                      reward_model={"ground_truth": q.answer}, data_source="demo_world", extra_info={}, index=i,
                      uid=f"measure-{i}", global_steps=0) for i, q in enumerate(questions)))
 
-        outputs = asyncio.run(run_all())
+        outputs = tools.run(run_all)
     finally:
         torch.set_num_threads(previous)
         tools.close()

@@ -10,9 +10,9 @@ search-then-answer trajectories built from the local corpus (``igpo.demo.titles`
     -> <answer>T</answer><|im_end|>                                                                 (trained)
 
 Sequences are assembled from the agent loop's own pieces (its ``ChatFrame`` frames and truncates the observation;
-the tool service runs in-process on the local BM25 backend), and the first few are replayed through the real
-``IGPOAgentLoop`` with a scripted server and must match token for token, loss mask included: the training sequences
-are what the loop builds during RL. Training minimises the masked next-token loss
+the tools are a local tool server on the BM25 backend, called through the loop's own client), and the first few
+are replayed through the real ``IGPOAgentLoop`` with a scripted server and must match token for token, loss mask
+included: the training sequences are what the loop builds during RL. Training minimises the masked next-token loss
 
     L = - sum_t m_t log pi(x_t | x_<t) / sum_t m_t,     m_t = 1 on assistant tokens (the loop's response_mask)
 
@@ -25,6 +25,7 @@ module's code, the base weights, the exact training token sequences, the config)
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -32,7 +33,11 @@ import random
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Awaitable, Callable, TypeVar
+
+from tool_server.backends.local import LocalBackend
+from tool_server.client import ToolClient, ToolResult
+from tool_server.process import start_tool_server
 
 from igpo.demo.titles import DemoQuestion, build_questions, load_passages, split_passages
 from igpo.demo.warmstart_config import WarmStartConfig
@@ -42,6 +47,7 @@ STAMP = "igpo_warmstart.json"
 # The probe that the evaluation (and the demo, via algorithm.igpo.answer_template_*) scores: the answer turn the
 # warm-start teaches, so P(gt) is read in the format the model actually answers in.
 ANSWER_PREFIX, ANSWER_SUFFIX = "<answer>", "</answer>"
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -56,34 +62,45 @@ class Example:
 
 
 class LocalTools:
-    """The tool service on the local BM25 backend, called in-process with the HTTP client's semantics.
+    """The demo's tools: a local tool server on the corpus (``tool_server.process.start_tool_server``) reached
+    through the agent loop's own client (``tool_server.client.ToolClient``), so every observation is the one a
+    training rollout receives; and the corpus's BM25 index in-process (``backend``), which picks the questions.
 
-    ``call`` validates arguments exactly as ``tool_server.client.ToolClient`` does and returns its ``ToolResult``,
-    so the observation text equals what the loop receives from a running server.
+    ``run(main)`` runs ``main()`` in a fresh event loop with a client open for the ``call``s it makes (a client's
+    connections belong to the event loop that opened them). ``close`` stops the server.
     """
 
     def __init__(self, corpus: str | Path, topk: int = 5):
-        from tool_server.app import build_service
-        from tool_server.config import ServerConfig
+        self.corpus = Path(corpus)
+        self._stack = contextlib.ExitStack()
+        self.url = self._stack.enter_context(start_tool_server(
+            ["--backend", "local", "--corpus", str(self.corpus.resolve()), "--default-topk", str(topk),
+             "--log-level", "WARNING"]))
+        self._client: ToolClient | None = None
+        self._backend: LocalBackend | None = None
 
-        self.config = ServerConfig(backend="local", corpus=Path(corpus), default_topk=topk)
-        self.service = build_service(self.config)
+    @property
+    def backend(self) -> LocalBackend:
+        if self._backend is None:
+            self._backend = LocalBackend(self.corpus)  # the server's index, loaded from its cache beside the corpus
+        return self._backend
 
-    async def call(self, name: str, arguments: dict) -> Any:
-        from tool_server.client import ToolResult, BadToolCall, tool_request
+    def run(self, main: Callable[[], Awaitable[T]]) -> T:
+        async def session() -> T:
+            async with ToolClient(self.url) as self._client:
+                try:
+                    return await main()
+                finally:
+                    self._client = None
+        return asyncio.run(session())
 
-        start = time.monotonic()
-        try:
-            path, payload = tool_request(name, arguments)
-        except BadToolCall as err:
-            return ToolResult(False, f"[{name} call rejected: {err}]", "bad_request", time.monotonic() - start)
-        response = await self.service.call(path.rsplit("/", 1)[-1], payload)
-        kind = None if response.error is None else response.error.kind
-        return ToolResult(response.ok, response.text, "infra" if kind == "budget" else kind,
-                          time.monotonic() - start)
+    async def call(self, name: str, arguments: dict) -> ToolResult:
+        if self._client is None:
+            raise RuntimeError("LocalTools.call runs inside LocalTools.run(main), which opens the client")
+        return await self._client.call(name, arguments)
 
     def close(self) -> None:
-        self.service.cache.close()
+        self._stack.close()
 
 
 def _model_type(model_dir: Path) -> str | None:
@@ -196,7 +213,7 @@ def build_examples(tokenizer: Any, tools: LocalTools, questions: list[DemoQuesti
     async def search_all() -> list[Any]:
         return [await tools.call("search", {"query": [q.snippet]}) for q in questions]
 
-    results = asyncio.run(search_all())
+    results = tools.run(search_all)
     # Tool output is untrusted text: control-token text in it stays plain text, as in the loop.
     contents = encode([r.text for r in results], split_special_tokens=True)
     pairs: list[tuple[DemoQuestion, Example]] = []
@@ -239,7 +256,7 @@ def _verify_against_loop(tokenizer: Any, tools: LocalTools, pairs: list[tuple[De
     async def replay_all() -> list[Example]:
         return [await replay(i, q) for i, (q, _) in enumerate(pairs)]
 
-    for (question, built), rolled in zip(pairs, asyncio.run(replay_all())):
+    for (question, built), rolled in zip(pairs, tools.run(replay_all)):
         if built != rolled:
             raise AssertionError(
                 f"warm-start: the synthetic sequence for {question.question!r} differs from the agent loop's rollout "
@@ -281,7 +298,7 @@ def world_examples(tokenizer: Any, tools: LocalTools, world: Any, config: WarmSt
         return [await play(i, q, plan) for i, (q, plan) in enumerate(jobs)]
 
     examples, skipped = [], {"not_played_to_the_end": 0, "malformed": 0}
-    for example, status in asyncio.run(play_all()):
+    for example, status in tools.run(play_all):
         if example is None:
             skipped[status] += 1
         else:
@@ -420,14 +437,14 @@ def training_questions(corpus: Path, tools: LocalTools, config: WarmStartConfig)
     train_passages, _ = split_passages(load_passages(corpus), config.data)
     questions = []
     for k in range(config.examples_per_passage):
-        questions += build_questions(train_passages, tools.service.backend, config.data, salt=1000 + k)
+        questions += build_questions(train_passages, tools.backend, config.data, salt=1000 + k)
     return questions
 
 
 def heldout_questions(corpus: Path, tools: LocalTools, config: WarmStartConfig) -> list[DemoQuestion]:
     """The validation questions of ``igpo.demo.titles`` (the passages the warm-start never trains on)."""
     _, val_passages = split_passages(load_passages(corpus), config.data)
-    return build_questions(val_passages, tools.service.backend, config.data)
+    return build_questions(val_passages, tools.backend, config.data)
 
 
 def warm_start(model_dir: str | Path, corpus: str | Path, out_dir: str | Path, *, seconds: float | None = None,
@@ -558,7 +575,7 @@ def measure(model_dir: str | Path, corpus: str | Path, *, n: int = 32, seed: int
                            model_type=_model_type(Path(model_dir)))
                 .run(params, **_loop_kwargs(q, i)) for i, q in enumerate(questions)))
 
-        outputs = asyncio.run(run_all())
+        outputs = tools.run(run_all)
     finally:
         torch.set_num_threads(threads)
         tools.close()
@@ -619,7 +636,7 @@ def measure_world(model_dir: str | Path, corpus: str | Path, world: Any, *, spli
                      reward_model={"ground_truth": q.answer}, data_source="demo_world", extra_info={}, index=i,
                      uid=f"measure-{i}", global_steps=0) for i, q in enumerate(questions)))
 
-        outputs = asyncio.run(run_all())
+        outputs = tools.run(run_all)
     finally:
         torch.set_num_threads(threads)
         tools.close()

@@ -31,7 +31,7 @@ What runs where (this module is the run itself; each other job has its module in
   ``OpenAICompletionsServer`` (an OpenAI-compatible ``/v1/completions`` endpoint that takes token ids and returns
   token ids, e.g. vLLM); both have the ``generate(request_id, prompt_ids, sampling_params) -> TokenOutput`` contract
   of verl's server manager;
-- the tools (``tools.py``): a ``tool_server`` reached through ``ToolClient`` (``LocalToolServer`` starts one on a
+- the tools (``tools.py``): a ``tool_server`` reached through ``ToolClient`` (``local_tool_server`` starts one on a
   local corpus);
 - the bookkeeping (``traces.py``): ``TraceStore`` appends one JSON line per finished row to ``traces.jsonl`` as soon
   as it is done, so an interrupted run resumes where it stopped (rows keyed by ``(data_source, extra_info.index,

@@ -18,7 +18,7 @@ from igpo.eval.data import file_sha256, load_rows
 from igpo.eval.policy import EndpointError, OpenAICompletionsServer, parse_completion
 from igpo.eval.settings import EvalConfig, EvalInputError, check_resume, config_record, write_settings
 from igpo.eval.tables import summarize
-from igpo.eval.tools import LocalToolServer
+from igpo.eval.tools import local_tool_server
 from igpo.eval.traces import TraceStore
 from fake_openai import FakeOpenAI, Reply
 
@@ -38,8 +38,8 @@ SMALL = ["--max-turns", "3", "--max-tokens-per-turn", "256", "--max-observation-
 
 @pytest.fixture(scope="module")
 def tool_server_url(tmp_path_factory):
-    with LocalToolServer(CORPUS, top_k=3, log_path=tmp_path_factory.mktemp("tools") / "log") as server:
-        yield server.url
+    with local_tool_server(CORPUS, top_k=3, log_path=tmp_path_factory.mktemp("tools") / "log") as url:
+        yield url
 
 
 def gold_by_question() -> dict[str, list[str]]:

@@ -108,7 +108,7 @@ def rollouts(model_dir, tokenizer, tmp_path_factory):
             for i, (loop, q) in enumerate(zip(loops, questions))))
 
     try:
-        outputs = asyncio.run(run_all())
+        outputs = tools.run(run_all)
     finally:
         tools.close()
     return list(zip(questions, outputs))

@@ -20,6 +20,7 @@ import pytest
 from fake_upstreams import InProcessServer
 from tool_server import ToolClient, tools
 from tool_server.config import ServerConfig
+from tool_server.process import start_tool_server
 from tool_server.tools.python import PythonLimits
 from tool_server.tools.python_sandbox import SandboxUnavailable, bwrap_sandbox
 
@@ -272,16 +273,14 @@ def test_the_server_refuses_to_start_without_the_sandbox_unless_told_unsafe(tmp_
     assert refused.returncode == 2 and out == "", err
     assert "tool_server: configuration error: python_sandbox='bwrap'" in err and "bubblewrap" in err, err
 
-    unsafe = start_server("--python-sandbox", "unsafe", path=str(tmp_path))
-    try:
-        line = unsafe.stdout.readline()
-        assert line.startswith("tool_server listening on http://"), unsafe.communicate(timeout=30)
-        body = httpx.post(line.split()[-1] + "/tools/python", json={"code": "print(6 * 7)"}, timeout=30).json()
+    log = tmp_path / "tool_server.log"
+    env = {k: v for k, v in os.environ.items() if k != "PATH"} | {"PATH": str(tmp_path)}
+    with start_tool_server(["--backend", "local", "--corpus", str(CORPUS), "--port", "0", "--python-sandbox",
+                            "unsafe"], log_path=log, env=env, cwd=ROOT) as url:
+        body = httpx.post(url + "/tools/python", json={"code": "print(6 * 7)"}, timeout=30).json()
         assert body["ok"] and body["text"] == "42"
         assert "mount_namespace" not in body["results"][0]["layers"]
-    finally:
-        unsafe.terminate()
-        _, err = unsafe.communicate(timeout=30)
+    err = log.read_text()
     assert "--python-sandbox unsafe: model-written code runs WITHOUT kernel isolation" in err, err
 
 

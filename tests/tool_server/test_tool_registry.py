@@ -195,7 +195,7 @@ def _warmstart_tools() -> list:
     try:
         async def go() -> list:
             return [await tools.call(name, args) for name, args in CLIENT]
-        results = asyncio.run(go())
+        results = tools.run(go)
     finally:
         tools.close()
     return [{"ok": r.ok, "text": r.text, "error_kind": r.error_kind} for r in results]

@@ -16,6 +16,7 @@ import pytest
 from fake_upstreams import FakeUpstream, InProcessServer, Reply, Reset
 from tool_server import ToolClient
 from tool_server.config import ServerConfig
+from tool_server.process import start_tool_server
 
 ROOT = Path(__file__).resolve().parents[2]
 CORPUS = ROOT / "data" / "wiki_passages_1000.jsonl"
@@ -171,17 +172,13 @@ def _cli(*args, env=None):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def test_cli_port_zero_announces_url_and_serves():
-    proc = _cli("--backend", "local", "--corpus", "data/wiki_passages_1000.jsonl", "--host", "127.0.0.1",
-                "--port", "0")
-    try:
-        line = proc.stdout.readline().strip()
-        assert line.startswith("tool_server listening on http://127.0.0.1:"), line
-        url = line.rsplit(" ", 1)[1]
+def test_cli_port_zero_announces_url_and_serves(tmp_path):
+    log = tmp_path / "tool_server.log"
+    with start_tool_server(["--backend", "local", "--corpus", "data/wiki_passages_1000.jsonl", "--host", "127.0.0.1",
+                            "--port", "0"], log_path=log, cwd=ROOT) as url:
+        assert url.startswith("http://127.0.0.1:"), url
         assert httpx.get(url + "/health", timeout=5).json()["status"] == "ok"
-    finally:
-        proc.terminate()
-        proc.wait(10)
+    assert f"tool_server listening on {url}\n" in log.read_text()
 
 
 def test_cli_web_backend_names_every_missing_secret():

@@ -21,6 +21,7 @@ from tool_server import ToolClient
 from tool_server.backends.retriever import title_and_text
 from tool_server.config import split_retriever_url
 from tool_server.config import ConfigError, ServerConfig, UpstreamLimits
+from tool_server.process import start_tool_server
 
 ROOT = Path(__file__).resolve().parents[2]
 CORPUS = ROOT / "data" / "wiki_passages_1000.jsonl"
@@ -305,16 +306,11 @@ def _cli(*args, env=None):
 def test_cli_serves_on_top_of_a_search_r1_server(upstream, tmp_path):
     env_file = tmp_path / ".env"
     env_file.write_text(f"RETRIEVER_URL={upstream.url}\n")  # the URL may come from .env instead of the flag
-    proc = _cli("--backend", "retriever", "--env-file", str(env_file), "--port", "0")
-    try:
-        line = proc.stdout.readline().strip()
-        assert line.startswith("tool_server listening on http://127.0.0.1:"), line + proc.stderr.read()
-        url = line.rsplit(" ", 1)[1]
+    with start_tool_server(["--backend", "retriever", "--env-file", str(env_file), "--port", "0"],
+                           log_path=tmp_path / "tool_server.log") as url:
+        assert url.startswith("http://127.0.0.1:"), url
         r = httpx.post(url + "/tools/search", json={"queries": ["Horatio Hale"], "topk": 1}, timeout=10).json()
         assert r["ok"] and r["results"][0]["hits"][0]["url"] == "corpus://1"
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
 def test_cli_without_url_exits_2_with_the_fix():

@@ -9,8 +9,6 @@ import asyncio
 import json
 import logging
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -20,6 +18,7 @@ import pytest
 from fake_upstreams import CHAT_PATH, JINA_PATH, SERPER_PATH, FakeUpstream, InProcessServer, Reply, Reset
 from tool_server import ToolClient
 from tool_server.config import Secrets, ServerConfig, UpstreamLimits
+from tool_server.process import start_tool_server
 
 ROOT = Path(__file__).resolve().parents[2]
 KEYS = ("serper-SECRET-1a2b", "jina-SECRET-3c4d", "llm-SECRET-5e6f")
@@ -345,30 +344,26 @@ def test_proxy_is_used_for_jina(fake):
         assert proxied.path == jina_origin + "/https://example.org/p"
 
 
-def test_cli_web_server_never_prints_keys(fake):
+def test_cli_web_server_never_prints_keys(fake, tmp_path):
     """The real CLI in a subprocess: secrets from the environment, faults that echo the key, then grep all output."""
     env = {**os.environ, "SERPER_KEY_ID": KEYS[0], "JINA_API_KEYS": KEYS[1], "API_KEY": KEYS[2],
            "API_BASE": fake.url + CHAT_PATH, "SUMMARY_MODEL_NAME": "fake-model",
            "SERPER_BASE_URL": fake.url + SERPER_PATH, "JINA_BASE_URL": fake.url + JINA_PATH}
     fake.queue(SERPER_PATH, Reply(401, {"message": f"bad key {KEYS[0]}"}), Reply(500, f"trace {KEYS[0]}"))
     fake.queue(JINA_PATH, Reply(403, f"denied {KEYS[1]}"))
-    proc = subprocess.Popen([sys.executable, "-m", "tool_server", "--backend", "web", "--port", "0",
-                             "--allow-private-upstreams", "--max-attempts", "2", "--log-level", "DEBUG"],
-                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        url = proc.stdout.readline().strip().rsplit(" ", 1)[1]
+    log = tmp_path / "tool_server.log"  # the server's stdout and stderr
+    with start_tool_server(["--backend", "web", "--port", "0", "--allow-private-upstreams", "--max-attempts", "2",
+                            "--log-level", "DEBUG"], log_path=log, env=env, cwd=ROOT) as url:
         bodies = [httpx.post(url + "/tools/search", json={"queries": [q]}, timeout=30).text
                   for q in ("first", "second")]
         bodies.append(httpx.post(url + "/tools/visit", json={"urls": ["https://example.org/"], "goal": "g"},
                                  timeout=30).text)
         bodies += [httpx.get(url + p).text for p in ("/stats", "/metrics", "/health")]
-    finally:
-        proc.terminate()
-        out, err = proc.communicate(timeout=15)
+    output = log.read_text()
     assert json.loads(bodies[0])["error"]["kind"] == "infra" and json.loads(bodies[2])["error"]["kind"] == "infra"
-    assert "tool_server" in err  # the log was captured, so the check below is not vacuous
+    assert "tool_server" in output  # the log was captured, so the check below is not vacuous
     for key in KEYS:
-        assert all(key not in b for b in bodies) and key not in out and key not in err
+        assert all(key not in b for b in bodies) and key not in output
 
 
 def test_server_stays_healthy_under_mixed_faults(fake):
