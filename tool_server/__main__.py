@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import logging
 import os
 import socket
@@ -14,13 +15,30 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from . import tools
 from .config import ConfigError, Secrets, ServerConfig, read_env_file
 from .errors import ToolError
 from .redact import RedactingFilter, Redactor
 from .safety import check_url_syntax
 
 
+def import_tool_modules(argv: list[str] | None = None) -> list[str]:
+    """Import every ``--tool-module`` of ``argv`` (each registers its tools in ``tool_server.tools``) before the
+    other flags are read: their budget flags are among them. Returns the module names."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--tool-module", action="append", default=[])
+    modules = pre.parse_known_args(argv)[0].tool_module
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise ConfigError(f"--tool-module {module}: cannot import it ({exc}); put its folder on PYTHONPATH or "
+                              "fix the name") from None
+    return modules
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line; the ``--tool-module`` modules must be imported first (``import_tool_modules``)."""
     d = ServerConfig()
     p = argparse.ArgumentParser(prog="python -m tool_server", description=__doc__,
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -47,10 +65,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--cache", dest="cache_path", default=None,
                    help="SQLite cache file shared by all workers of a job (default: in-memory, lost at exit)")
     p.add_argument("--cache-ttl-s", type=float, default=None, help="refetch cached answers older than this")
-    p.add_argument("--budget-search", type=int, default=None,
-                   help="max Serper (or retriever) calls this run (default: no cap)")
-    p.add_argument("--budget-visit", type=int, default=None, help="max Jina Reader calls this run")
-    p.add_argument("--budget-summary", type=int, default=None, help="max summariser LLM calls this run")
+    for budget in tools.budget_flags():  # one per budget the registered tools declare
+        p.add_argument(budget.flag, dest=f"budget_{budget.name}", type=int, default=None, help=budget.help)
     p.add_argument("--search-concurrency", type=int, default=d.serper.concurrency)
     p.add_argument("--search-rate", type=float, default=d.serper.rate_per_s, help="Serper requests per second")
     p.add_argument("--visit-concurrency", type=int, default=d.jina.concurrency)
@@ -72,6 +88,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "scratch only, no network, own PID namespace); the server refuses to start where they "
                         "cannot be built. unsafe: without them (the code can read what the server reads; a warning "
                         "at every start). off: no python tool (docs/guide/security.md)")
+    p.add_argument("--tool-module", action="append", default=[], metavar="MODULE",
+                   help="import MODULE before serving: the tools it registers (tool_server.tools.register) are "
+                        "served too, with their budget flags; repeatable")
     p.add_argument("--env-file", type=Path, default=None,
                    help="KEY=VALUE file with secrets; variables already in the environment win")
     p.add_argument("--probe", action="store_true",
@@ -84,6 +103,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def build_config(args: argparse.Namespace, env: dict[str, str]) -> ServerConfig:
     d = ServerConfig()
+    budgets = {budget.name: getattr(args, f"budget_{budget.name}") for budget in tools.budget_flags()}
+    endpoints = {tool.upstream: env[tool.base_url_env].strip() for tool in tools.upstream_tools()
+                 if env.get(tool.base_url_env, "").strip()}
     return ServerConfig(
         backend=args.backend, corpus=args.corpus, index_dir=args.index_dir, host=args.host, port=args.port,
         cache_path=args.cache_path, cache_ttl_s=args.cache_ttl_s, default_topk=args.default_topk,
@@ -92,18 +114,20 @@ def build_config(args: argparse.Namespace, env: dict[str, str]) -> ServerConfig:
         serper_base_url=args.serper_base_url or env.get("SERPER_BASE_URL") or d.serper_base_url,
         jina_base_url=args.jina_base_url or env.get("JINA_BASE_URL") or d.jina_base_url,
         allow_private_upstreams=args.allow_private_upstreams, python_sandbox=args.python_sandbox,
+        budgets=budgets, endpoints=endpoints,
+        # the backends' upstreams read the search and visit tools' budgets from their limits
         serper=replace(d.serper, concurrency=args.search_concurrency, rate_per_s=args.search_rate,
-                       max_attempts=args.max_attempts, budget=args.budget_search),
+                       max_attempts=args.max_attempts, budget=budgets["search"]),
         jina=replace(d.jina, concurrency=args.visit_concurrency, rate_per_s=args.visit_rate,
-                     max_attempts=args.max_attempts, budget=args.budget_visit),
+                     max_attempts=args.max_attempts, budget=budgets["visit"]),
         summarizer=replace(d.summarizer, concurrency=args.summary_concurrency, rate_per_s=args.summary_rate,
-                           max_attempts=args.max_attempts, budget=args.budget_summary),
+                           max_attempts=args.max_attempts, budget=budgets["summary"]),
         retriever_url=args.retriever_url or env.get("RETRIEVER_URL") or None,
         retriever_dialect=args.retriever_dialect,
         retriever_passage_chars=args.retriever_passage_chars,
         retriever=replace(d.retriever, concurrency=args.retriever_concurrency, rate_per_s=args.retriever_rate,
                           attempt_timeout_s=args.retriever_timeout_s, max_attempts=args.max_attempts,
-                          budget=args.budget_search),
+                          budget=budgets["search"]),
     )
 
 
@@ -149,7 +173,7 @@ async def _probe(service, close: bool) -> int:
         failures = await probe_backend(service.backend)
     finally:
         if close:
-            await service.backend.aclose()
+            await service.aclose()
     for failure in failures:
         print(f"tool_server: {service.redact(failure.line())}", file=sys.stderr, flush=True)
     if not failures:
@@ -159,12 +183,27 @@ async def _probe(service, close: bool) -> int:
     return 2 if failures else 0
 
 
+def tool_keys(env: dict[str, str]) -> dict[str, str]:
+    """The keys of the registered tools' outside services, by upstream name; every missing one is named at once."""
+    wanted = {tool.upstream: tool for tool in tools.upstream_tools() if tool.key_env}
+    missing = [f"  {tool.key_env}: needed by the {tool.name} tool" for tool in wanted.values()
+               if not env.get(tool.key_env, "").strip()]
+    if missing:
+        raise ConfigError("these environment variables (set them in .env or pass --env-file) are missing or "
+                          "empty:\n" + "\n".join(missing))
+    return {upstream: env[tool.key_env].strip() for upstream, tool in wanted.items()}
+
+
 def check_private_upstreams(config: ServerConfig, secrets: Secrets | None) -> None:
     """Fail at start-up, not on the first call, when a configured upstream is local but the flag is missing."""
-    if config.backend != "web" or config.allow_private_upstreams:
+    if config.allow_private_upstreams:
         return
-    for name, url in (("--serper-base-url", config.serper_base_url), ("--jina-base-url", config.jina_base_url),
-                      ("API_BASE", secrets.api_base)):
+    configured = [(tool.base_url_env, config.endpoints[tool.upstream]) for tool in tools.upstream_tools()
+                  if tool.upstream in config.endpoints]
+    if config.backend == "web":
+        configured += [("--serper-base-url", config.serper_base_url), ("--jina-base-url", config.jina_base_url),
+                       ("API_BASE", secrets.api_base)]
+    for name, url in configured:
         try:
             check_url_syntax(url, max_chars=config.max_url_chars)
         except ToolError as exc:
@@ -173,24 +212,30 @@ def check_private_upstreams(config: ServerConfig, secrets: Secrets | None) -> No
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        import_tool_modules(argv)
+    except ConfigError as exc:
+        print(f"tool_server: configuration error: {exc}", file=sys.stderr)
+        return 2
     args = parse_args(argv)
     env = dict(os.environ)
     if args.env_file is not None:
         env = {**read_env_file(args.env_file), **env}
     try:
         secrets = Secrets.from_env(env) if args.backend == "web" else None
+        keys = tool_keys(env)
         config = build_config(args, env)
         config.validate()
         check_private_upstreams(config, secrets)
     except ConfigError as exc:
         print(f"tool_server: configuration error: {exc}", file=sys.stderr)
         return 2
-    setup_logging(args.log_level, Redactor(secrets.values() if secrets else []))
+    setup_logging(args.log_level, Redactor([*(secrets.values() if secrets else []), *keys.values()]))
     from .app import build_service, create_app
     from .backends.local import CorpusError
 
     try:
-        service = build_service(config, secrets)
+        service = build_service(config, secrets, keys)
     except CorpusError as exc:
         print(f"tool_server: corpus error: {exc}", file=sys.stderr)
         return 2
@@ -217,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
 async def _probe_and_serve(service, app, config: ServerConfig, sock: socket.socket, probe: bool) -> int:
     # the probe runs in the server's event loop: the upstreams' HTTP pools are bound to the loop that used them
     if probe and await _probe(service, close=False):
-        await service.backend.aclose()
+        await service.aclose()
         sock.close()
         return 2
     await serve(app, config, sock)

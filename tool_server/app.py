@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
+from dataclasses import replace
+from urllib.parse import urlsplit
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -25,9 +27,12 @@ from .config import ConfigError, Secrets, ServerConfig
 from .errors import ToolError
 from .probe import probe_backend
 from .redact import Redactor
+from .safety import TargetGuard, origin_of
 from .service import ToolService
 from .stats import Stats
 from .tools.python_sandbox import SandboxUnavailable, bwrap_sandbox
+from .tools.upstream_tool import Endpoint
+from .upstream import Upstream
 
 log = logging.getLogger("tool_server")
 
@@ -52,30 +57,63 @@ class FlashBatchRequest(BaseModel):
     return_score: bool = False
 
 
-def build_service(config: ServerConfig, secrets: Secrets | None = None) -> ToolService:
+def build_service(config: ServerConfig, secrets: Secrets | None = None,
+                  keys: dict[str, str] | None = None) -> ToolService:
     """Validate the config, check the python tool's sandbox, load the backend (the local index is built here) and
-    wire cache and stats. ``ConfigError`` when the sandbox that ``config.python_sandbox`` asks for cannot run here."""
+    wire cache, stats and the outside services of the tools that call one (``keys``: their keys by upstream name).
+    ``ConfigError`` when the sandbox that ``config.python_sandbox`` asks for cannot run here."""
     config.validate()
     check_python_sandbox(config)
+    keys = dict(keys or {})
     cache = ResponseCache(config.cache_path, ttl_s=config.cache_ttl_s)
     if config.backend == "web":
         if secrets is None:
             raise ValueError("build_service(backend='web') needs Secrets; build them with Secrets.from_env")
         from .backends.web import WebBackend  # imported lazily: the local backend needs no HTTP client
-        stats = Stats(WebBackend.upstream_names)
+        stats = _stats(WebBackend.upstream_names)
         backend: Backend = WebBackend(config, secrets, stats)
     elif config.backend == "retriever":
         from .backends.retriever import RetrieverBackend
 
-        stats = Stats(RetrieverBackend.upstream_names)
+        stats = _stats(RetrieverBackend.upstream_names)
         # the passages a search returns live in the response cache, so a cached search and its visits agree
         backend = RetrieverBackend(config, stats, passages=cache)
     else:
-        stats = Stats(LocalBackend.upstream_names)
+        stats = _stats(LocalBackend.upstream_names)
         # --budget-search caps the search upstream of every backend (build_config puts it in each upstream's limits)
         backend = LocalBackend(config.corpus, index_dir=config.index_dir, stats=stats, budget=config.retriever.budget)
-    redactor = Redactor(secrets.values() if secrets else [])
-    return ToolService(config, backend, cache, stats, redact=redactor)
+    redactor = Redactor([*(secrets.values() if secrets else []), *keys.values()])
+    return ToolService(config, backend, cache, stats, redact=redactor, endpoints=tool_endpoints(config, stats, keys))
+
+
+def _stats(backend_upstreams: list[str]) -> Stats:
+    """Stats over the backend's upstreams and those of the tools that call an outside service themselves."""
+    names = [tool.upstream for tool in tools.upstream_tools()]
+    clash = sorted(set(names) & set(backend_upstreams))
+    if clash:
+        raise ConfigError(f"the tools' upstream names {clash} are also upstreams of the backend; rename the tools' "
+                          "upstreams (their prices and /stats lines would mix)")
+    return Stats([*backend_upstreams, *names])
+
+
+def tool_endpoints(config: ServerConfig, stats: Stats, keys: dict[str, str]) -> dict[str, Endpoint]:
+    """One guarded ``Upstream`` per registered tool that calls an outside service, with its base URL
+    (``config.endpoints``, else the tool's default), its budget (``config.budgets``) and its key."""
+    endpoints = {}
+    for tool in tools.upstream_tools():
+        base_url = config.endpoints.get(tool.upstream) or tool.default_base_url
+        if not base_url:
+            raise ConfigError(f"the {tool.name} tool has no base URL for its service {tool.upstream!r}; set "
+                              f"{tool.base_url_env} in the environment or the --env-file")
+        (budget,) = tool.budgets
+        allowed = {origin_of(urlsplit(base_url))} if config.allow_private_upstreams else set()
+        guard = TargetGuard(allowed, max_url_chars=config.max_url_chars + len(base_url))
+        limits = replace(tool.limits, budget=config.budgets.get(budget.name))
+        limits.validate(tool.upstream)
+        endpoints[tool.upstream] = Endpoint(base_url.rstrip("/"), keys.get(tool.upstream),
+                                            Upstream(tool.upstream, limits, guard=guard, stats=stats,
+                                                     budget_flag=budget.flag))
+    return endpoints
 
 
 def check_python_sandbox(config: ServerConfig) -> None:
@@ -100,7 +138,7 @@ def create_app(service: ToolService) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI):
         yield
-        await service.backend.aclose()
+        await service.aclose()
         service.cache.close()
 
     app = FastAPI(title="IGPO tool server", lifespan=lifespan, docs_url=None, redoc_url=None)

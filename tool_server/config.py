@@ -145,6 +145,12 @@ class ServerConfig:
         cannot be built, naming what is missing. "unsafe": without them, behind the process, rlimit and audit-hook
         layers only (the code can read what the server can); a warning is logged at every start. "off": the
         python tool answers every call with an error.
+    budgets: the ``--budget-<name>`` caps of the registered tools' budget flags (``tools.budget_flags()``), by
+        name; a name left out is not capped. ``__main__`` also puts "search", "visit" and "summary" into the limits
+        of the backends' upstreams (serper, jina, summarizer, retriever) below, which is where those backends read
+        them; a tool that calls an outside service itself (``tools.upstream_tool``) reads its own here.
+    endpoints: base URLs of the outside services of such tools, by upstream name (from each tool's
+        ``base_url_env``); one left out is the tool's ``default_base_url``. ``allow_private_upstreams`` covers them.
     """
 
     backend: Literal["local", "web", "retriever"] = "local"
@@ -176,6 +182,8 @@ class ServerConfig:
     jina_base_url: str = "https://r.jina.ai"
     allow_private_upstreams: bool = False
     python_sandbox: Literal["bwrap", "unsafe", "off"] = "bwrap"
+    budgets: Mapping[str, int | None] = field(default_factory=dict)
+    endpoints: Mapping[str, str] = field(default_factory=dict)
     serper: UpstreamLimits = field(default_factory=lambda: UpstreamLimits(attempt_timeout_s=10.0))
     jina: UpstreamLimits = field(default_factory=lambda: UpstreamLimits(concurrency=8, attempt_timeout_s=25.0))
     summarizer: UpstreamLimits = field(default_factory=lambda: UpstreamLimits(concurrency=8,
@@ -218,6 +226,13 @@ class ServerConfig:
             parts = urlsplit(url)
             _require(parts.scheme in ("http", "https") and bool(parts.hostname), f"{name}={url!r}",
                      "an absolute http(s) URL", "e.g. https://google.serper.dev")
+        for name, budget in self.budgets.items():
+            _require(budget is None or budget >= 0, f"budgets[{name!r}]={budget}", ">= 0 or unset",
+                     f"omit --budget-{name} for no cap")
+        for name, url in self.endpoints.items():
+            parts = urlsplit(url)
+            _require(parts.scheme in ("http", "https") and bool(parts.hostname), f"endpoints[{name!r}]={url!r}",
+                     "an absolute http(s) URL", "fix the base URL variable of the tool that calls it")
         self.serper.validate("serper")
         self.jina.validate("jina")
         self.summarizer.validate("summarizer")

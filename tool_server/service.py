@@ -20,6 +20,7 @@ from .errors import ToolError, most_severe
 from .limits import InflightDedup
 from .stats import Stats
 from .tools import ToolResponse
+from .tools.upstream_tool import Endpoint
 
 log = logging.getLogger("tool_server")
 
@@ -51,13 +52,21 @@ Run = Callable[[float], Awaitable["list[SearchHit] | PageResult"]]
 
 class ToolService:
     def __init__(self, config: ServerConfig, backend: Backend, cache: ResponseCache, stats: Stats,
-                 redact=lambda s: s) -> None:
+                 redact=lambda s: s, endpoints: dict[str, Endpoint] | None = None) -> None:
         self.config = config
         self.backend = backend
+        # the outside services of the tools that call one themselves (tools.upstream_tool), by upstream name
+        self.endpoints = dict(endpoints or {})
         self.cache = cache
         self.stats = stats
         self.dedup = InflightDedup()
         self._redact = redact
+
+    async def aclose(self) -> None:
+        """Close the backend's and the tools' upstream connections."""
+        await self.backend.aclose()
+        for endpoint in self.endpoints.values():
+            await endpoint.upstream.aclose()
 
     def redact(self, text: str) -> str:
         """``text`` with every secret of this server masked."""

@@ -4,15 +4,22 @@ The protocol parser and the system prompt (``igpo.agent.protocol``), the agent c
 (``tool_server.client.tool_request``), the server's ``POST /tools/<name>`` routes (``tool_server.app``) and the
 service (``tool_server.service.ToolService.call``) all read this registry; none of them names a tool.
 
-Adding a tool: write ``tool_server/tools/<name>.py`` with a ``tool_server.tools.base.Tool`` subclass, and add
-``register(<Name>Tool())`` below. The tool is then served by every tool server; an agent calls it once its name is in
-``algorithm.igpo.agent.tool_names`` (and its system prompt describes it: ``igpo.agent.protocol.system_prompt_for``).
+Adding a tool: write ``tool_server/tools/<name>.py`` with a ``tool_server.tools.base.Tool`` subclass (a
+``tool_server.tools.upstream_tool.UpstreamTool`` for one that calls an outside service), and add
+``register(<Name>Tool())`` below. The tool is then served by every tool server, with a ``--budget-<name>`` flag for
+each of its ``budgets`` and, for an outside service, its upstream in ``/stats``; an agent calls it once its name is
+in ``algorithm.igpo.agent.tool_names`` (and its system prompt describes it: ``igpo.agent.protocol.system_prompt_for``).
+A module outside this package registers its tools the same way, and ``python -m tool_server --tool-module MODULE``
+imports it before reading the other flags.
 """
 from __future__ import annotations
 
-from .base import BadToolCall, Tool, ToolResponse
+import re
+
+from .base import BadToolCall, BudgetFlag, Tool, ToolResponse
 from .python import PythonTool
 from .search import SearchTool
+from .upstream_tool import UpstreamTool
 from .visit import VisitTool
 
 _REGISTRY: dict[str, Tool] = {}
@@ -33,8 +40,32 @@ def register(tool: Tool) -> Tool:
     if tool.schema.get("function", {}).get("name") != name:
         raise ValueError(f"tool {name!r}: its schema's function name is "
                          f"{tool.schema.get('function', {}).get('name')!r}; it must be {name!r}")
+    _check_budgets(tool)
     _REGISTRY[name] = tool
     return tool
+
+
+def _check_budgets(tool: Tool) -> None:
+    taken = {flag.name: other.name for other in _REGISTRY.values() for flag in other.budgets}
+    for flag in tool.budgets:
+        if not re.fullmatch(r"[a-z][a-z0-9_]*", flag.name):
+            raise ValueError(f"tool {tool.name!r}: budget name {flag.name!r} must be lower-case letters, digits and "
+                             "underscores (it becomes the flag --budget-<name>)")
+        if flag.name in taken:
+            raise ValueError(f"tool {tool.name!r}: the budget {flag.name!r} is already the {taken[flag.name]!r} "
+                             "tool's; choose another name")
+    if isinstance(tool, UpstreamTool):
+        for attribute in ("upstream", "base_url_env"):
+            if not isinstance(getattr(tool, attribute, None), str) or not getattr(tool, attribute):
+                raise ValueError(f"tool {tool.name!r} calls an outside service: set its {attribute!r} (see "
+                                 "tool_server/tools/upstream_tool.py)")
+        if len(tool.budgets) != 1:
+            raise ValueError(f"tool {tool.name!r} calls the upstream {tool.upstream!r}: it needs "
+                             f"exactly one BudgetFlag in budgets, not {len(tool.budgets)}")
+        upstreams = {other.upstream: other.name for other in upstream_tools()}
+        if tool.upstream in upstreams:
+            raise ValueError(f"tool {tool.name!r}: the upstream {tool.upstream!r} is already the "
+                             f"{upstreams[tool.upstream]!r} tool's; choose another name")
 
 
 def names() -> tuple[str, ...]:
@@ -50,6 +81,17 @@ def get(name: str) -> Tool:
     return tool
 
 
+def budget_flags() -> tuple[BudgetFlag, ...]:
+    """The budget flags of every registered tool, in registration order (``python -m tool_server``'s
+    ``--budget-<name>`` flags)."""
+    return tuple(flag for tool in _REGISTRY.values() for flag in tool.budgets)
+
+
+def upstream_tools() -> tuple[UpstreamTool, ...]:
+    """The registered tools that call an outside service themselves (each gets an upstream in ``/stats``)."""
+    return tuple(tool for tool in _REGISTRY.values() if isinstance(tool, UpstreamTool))
+
+
 def schemas(tool_names: tuple[str, ...] | list[str]) -> tuple[dict, ...]:
     """The prompt schemas of ``tool_names``, in that order (for ``igpo.agent.protocol.default_system_prompt``)."""
     return tuple(get(name).schema for name in tool_names)
@@ -59,4 +101,5 @@ register(SearchTool())
 register(VisitTool())
 register(PythonTool())
 
-__all__ = ["BadToolCall", "DEFAULT_TOOLS", "Tool", "ToolResponse", "get", "names", "register", "schemas"]
+__all__ = ["BadToolCall", "BudgetFlag", "DEFAULT_TOOLS", "Tool", "ToolResponse", "UpstreamTool", "budget_flags",
+           "get", "names", "register", "schemas", "upstream_tools"]

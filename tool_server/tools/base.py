@@ -8,7 +8,10 @@ A tool states
 - ``request_model``: the pydantic model the server validates that body with (unknown keys refused);
 - ``execute(service, request)``: how the server runs it, returning a ``ToolResponse`` whose ``text`` is the
   rendered observation the model reads;
-- ``render_error``: how a failure reads to the model.
+- ``render_error``: how a failure reads to the model;
+- ``budgets``: the per-run caps on the paid calls it makes, each a ``--budget-<name>`` flag of the server.
+
+A tool that calls an outside HTTP service itself subclasses ``tool_server.tools.upstream_tool.UpstreamTool``.
 """
 from __future__ import annotations
 
@@ -18,6 +21,20 @@ from typing import Any, ClassVar
 from pydantic import BaseModel
 
 from ..errors import ToolError
+
+
+@dataclass(frozen=True)
+class BudgetFlag:
+    """A cap on a tool's paid upstream calls in one run: the server's ``--budget-<name> N`` flag (``help`` is its
+    help text); without the flag the calls are not capped. ``python -m tool_server`` has one flag per name the
+    registered tools declare."""
+
+    name: str
+    help: str
+
+    @property
+    def flag(self) -> str:
+        return f"--budget-{self.name}"
 
 
 class BadToolCall(ValueError):
@@ -57,6 +74,8 @@ class Tool:
     argument_words: ClassVar[str]
     """How the arguments are called in the "shorten ..." advice for an oversized call (e.g. "the code")."""
     no_results_advice: ClassVar[str] = "Try another call."
+    budgets: ClassVar[tuple[BudgetFlag, ...]] = ()
+    """The budget flags capping this tool's paid upstream calls (none: it calls nothing that costs money)."""
 
     def request(self, arguments: dict) -> dict:
         """The HTTP body for the model's ``arguments`` (keys already checked against ``arguments``); never mutates

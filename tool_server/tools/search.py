@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict
 from ..backends.base import SearchHit
 from ..cache import normalize_text
 from ..errors import ToolError
-from .base import BadToolCall, Tool, ToolResponse, check_unicode, str_list
+from .base import BadToolCall, BudgetFlag, Tool, ToolResponse, check_unicode, str_list
 
 
 class SearchRequest(BaseModel):
@@ -44,6 +44,8 @@ class SearchTool(Tool):
     }
     arguments = ("query", "topk")
     request_model = SearchRequest
+    # one cap on the backend's search upstream, whichever it is (Serper, the retriever, the local index)
+    budgets = (BudgetFlag("search", "max Serper (or retriever) calls this run (default: no cap)"),)
     argument_words = "the query, URL or goal"
 
     def request(self, arguments: dict) -> dict:

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict
 from ..backends.base import PageResult
 from ..cache import normalize_text
 from ..errors import ToolError
-from .base import BadToolCall, Tool, ToolResponse, check_unicode, str_list
+from .base import BadToolCall, BudgetFlag, Tool, ToolResponse, check_unicode, str_list
 
 
 class VisitRequest(BaseModel):
@@ -45,6 +45,8 @@ class VisitTool(Tool):
     }
     arguments = ("url", "goal")
     request_model = VisitRequest
+    budgets = (BudgetFlag("visit", "max Jina Reader calls this run"),
+               BudgetFlag("summary", "max summariser LLM calls this run"))
     argument_words = "the query, URL or goal"
     no_results_advice = "Try another URL."
 
