@@ -28,9 +28,10 @@ PACKAGES = ("igpo", "tool_server")
 # import each other.
 FLOORS: tuple[tuple[str, ...], ...] = (
     ("igpo.core", "tool_server"),         # pure math; the tool service (its client is what the agent uses)
-    ("igpo.reward", "igpo.cpu"),          # outcome rewards and the LLM judge; the CPU backend for verl
+    ("igpo.cpu",),                        # the CPU backend for verl
     ("igpo.agent",),                      # agent loops, protocol, chat frame, typed records, agent config
-    ("igpo.config",),                     # the trainer-wide algorithm config, composed of the agent's and core's
+    ("igpo.reward", "igpo.config"),       # outcome rewards and the LLM judge (they read the agent's records); the
+                                          # trainer-wide algorithm config, composed of the agent's and core's
     ("igpo.integration",),                # trainer mode, methods, estimators, actor worker
     ("igpo.launch", "igpo.demo", "igpo.eval"),  # planning a run; the CPU demo's world and model; evaluation
     ("igpo.main", "igpo.plugin", "igpo"),  # entry points: the launcher and verl's plugin hook

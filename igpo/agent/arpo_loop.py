@@ -30,9 +30,9 @@ result plus the turn's first k tokens (vLLM through verl's server, and ``igpo/cp
 it is a prefill without prefix cache). Only prompts with free slots are measured. Requests that would not fit
 ``rollout.max_model_len`` are skipped and counted (``arpo_unmeasured``); such a turn cannot branch.
 
-Every output's ``extra_fields`` gets ``arpo_index`` (= session id), ``arpo_parent``, ``arpo_branch_pos`` (response
-tokens shared with the parent), ``arpo_is_topup``, ``arpo_h_init``, ``arpo_delta_h`` (the ΔH of each of its own
-measured turns), ``arpo_unmeasured``, ``arpo_rounds`` and ``arpo_prompt`` (the uid).
+Every output's ``extra_fields`` gets its ``BranchRecord`` (``igpo.agent.records``): its tree index (= session id), its
+parent, its branch position (response tokens shared with the parent), whether it is a top-up, its H_init, the ΔH of
+each of its own measured turns, the turns it could not measure, the rounds and the prompt (the uid).
 
 Greedy sampling (temperature 0, e.g. validation) and a session count other than M (``val_kwargs.n`` ≠ ``rollout.n``)
 run plain ``igpo_agent`` trajectories, one per session, with root metadata.

@@ -1,10 +1,12 @@
 """What the agent loop records about each trajectory, typed: written once into verl's ``extra_fields`` and read back
-by the trainer and the methods through these classes only (the string keys live here and nowhere else).
+by the trainer, the methods, the reward, the evaluation and the demo through these classes only (the string keys
+live here and nowhere else).
 
 ``TurnRecord`` is one trajectory (per turn: where it ended, the tool it called and how that went, its format; in
 all: counters and flags for the rollout metrics); ``BranchRecord`` is its place in an ARPO tree (the ``arpo_agent``
 loop only). ``TurnBatch`` is a training batch of them as [B, T] tensors, the turns cut by the response length
-dropped: what a method reads.
+dropped: what a method reads; its ``TreeBatch`` holds the batch's ARPO tree, decoded once per step. ``RewardInputs``
+is what the outcome reward reads of a sample's ``extra_info``.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from igpo.core.advantage import group_ids
 from igpo.core.info_gain import reduce_alias_logprobs
 
 # Keys verl's agent loop expects in every output's extra_fields besides ours (verl concatenates them across samples).
@@ -118,6 +121,10 @@ EXTRA_FIELD_KEYS = tuple(key for name, key in _KEY.items() if name != "branch") 
 """Keys present in EVERY ``igpo_agent`` output's ``extra_fields``."""
 BRANCH_FIELD_KEYS = tuple(f"arpo_{name}" for name in _BRANCH_FIELDS)
 """Keys every ``arpo_agent`` output carries besides."""
+# The question as the dataset states it: verl's extra_info of a sample, read when the loop recorded none.
+_QUESTION_KEYS = (_KEY["question"], "question")
+# An optional key a caller may set to say the generation prompt ended with <think> (no loop writes it).
+_THINK_PREFILLED_KEY = "igpo_think_prefilled"
 
 
 @dataclass
@@ -126,7 +133,7 @@ class TurnBatch:
     ``rollout.response_length``, dropped: their reward would have no token to sit on), ``turn_ends`` and
     ``format_ok`` [B, T] (T = the batch's largest kept turn count, at least 1), ``tool_names`` / ``tool_status``
     per row (kept turns only), ``infra_failed`` [B, T] (the turn's tool call failed for infrastructure reasons),
-    ``answer_seen`` / ``answer_known`` [B, T]."""
+    ``answer_seen`` / ``answer_known`` [B, T]; ``tree``: the rows' ARPO tree records."""
 
     records: list[TurnRecord]
     num_turns: Tensor
@@ -137,6 +144,7 @@ class TurnBatch:
     infra_failed: Tensor
     answer_seen: Tensor
     answer_known: Tensor
+    tree: TreeBatch
 
     @property
     def width(self) -> int:
@@ -174,7 +182,8 @@ class TurnBatch:
             if flags:
                 seen[i, :len(flags)] = torch.tensor(flags)
                 known[i, :len(flags)] = True
-        return cls(records, num_turns, turn_ends, format_ok, tool_names, tool_status, infra_failed, seen, known)
+        return cls(records, num_turns, turn_ends, format_ok, tool_names, tool_status, infra_failed, seen, known,
+                   TreeBatch.from_records(records))
 
     def answer_logprobs(self, alias_mode: str) -> Tensor:
         """[B, T] float64: the rollout's log-probability of the gold answer at each kept turn's boundary, its aliases
@@ -192,7 +201,74 @@ class TurnBatch:
 
     def branch_meta(self) -> dict[str, Tensor]:
         """``index``, ``parent``, ``branch_pos`` [B] of the ARPO tree (a row without a branch record is a root)."""
+        return {"index": self.tree.index, "parent": self.tree.parent, "branch_pos": self.tree.branch_pos}
+
+
+@dataclass
+class TreeBatch:
+    """The ``BranchRecord`` of every row of a batch as [B] tensors: ``recorded`` (bool: the arpo_agent loop wrote
+    one), ``group`` (dense ids of the prompt each row branched in), ``index``, ``parent``, ``branch_pos``,
+    ``is_topup`` (bool), ``unmeasured`` (turns whose ΔH could not be measured); ``delta_h``: per row, the ΔH of each
+    turn it measured. A row without a record reads as a root: index 0, parent −1, branch position 0."""
+
+    recorded: Tensor
+    group: Tensor
+    index: Tensor
+    parent: Tensor
+    branch_pos: Tensor
+    is_topup: Tensor
+    unmeasured: Tensor
+    delta_h: list[list[float]]
+
+    @classmethod
+    def from_records(cls, records: Sequence[TurnRecord]) -> "TreeBatch":
         root = BranchRecord()
-        branches = [r.branch or root for r in self.records]
-        return {name: torch.tensor([int(getattr(b, name)) for b in branches], dtype=torch.long)
-                for name in ("index", "parent", "branch_pos")}
+        branches = [r.branch or root for r in records]
+
+        def column(values, dtype=torch.long) -> Tensor:
+            return torch.tensor(list(values), dtype=dtype)
+
+        return cls(
+            recorded=column((r.branch is not None for r in records), torch.bool),
+            group=group_ids([b.prompt for b in branches]) if branches else column(()),
+            index=column(int(b.index) for b in branches),
+            parent=column(int(b.parent) for b in branches),
+            branch_pos=column(int(b.branch_pos) for b in branches),
+            is_topup=column((bool(b.is_topup) for b in branches), torch.bool),
+            unmeasured=column(int(b.unmeasured or 0) for b in branches),
+            delta_h=[[float(d) for d in (b.delta_h or [])] for b in branches],
+        )
+
+
+@dataclass(frozen=True)
+class RewardInputs:
+    """What the outcome reward reads of a sample's ``extra_info`` (verl hands the reward function the agent loop's
+    extra fields there): ``final_turn_text``, the final assistant turn (None when no igpo loop wrote the sample: the
+    reward then parses the response); ``question``, the question shown to the judge (the loop's record, else the
+    dataset's ``question``, else ""); ``think_prefilled``, whether the generation prompt ended with ``<think>``
+    (None: the reward's own setting decides)."""
+
+    final_turn_text: str | None = None
+    question: str = ""
+    think_prefilled: bool | None = None
+
+    @classmethod
+    def from_extra_info(cls, info: Mapping[str, Any] | None) -> "RewardInputs":
+        info = info if isinstance(info, Mapping) else {}
+        turn = info.get(_KEY["final_turn_text"])
+        if turn is not None and not isinstance(turn, str):
+            raise TypeError(f"extra_info[{_KEY['final_turn_text']!r}] is a {type(turn).__name__}; the agent loop must "
+                            "store a str.")
+        question = next((value for value in (info.get(key) for key in _QUESTION_KEYS)
+                         if isinstance(value, str) and value.strip()), "")
+        think = bool(info[_THINK_PREFILLED_KEY]) if _THINK_PREFILLED_KEY in info else None
+        return cls(turn, question, think)
+
+    def to_extra_info(self) -> dict[str, Any]:
+        """The ``extra_info`` a caller of the reward function passes for a trajectory it holds itself."""
+        info: dict[str, Any] = {_KEY["question"]: self.question}
+        if self.final_turn_text is not None:
+            info[_KEY["final_turn_text"]] = self.final_turn_text
+        if self.think_prefilled is not None:
+            info[_THINK_PREFILLED_KEY] = self.think_prefilled
+        return info

@@ -362,7 +362,7 @@ def apply_plan(trajectories: Sequence[ARPOTrajectory], plan: RoundPlan,
 
 
 def branch_metadata(trajectories: Sequence[ARPOTrajectory], cfg: ARPOConfig) -> dict[str, np.ndarray]:
-    """The prompt's non-tensor batch fields, in index order: arpo_index, arpo_parent, arpo_branch_pos, arpo_is_topup.
+    """The prompt's tree as arrays, in index order: ``index``, ``parent``, ``branch_pos``, ``is_topup``.
 
     Raises unless exactly M trajectories exist (the group the advantage sees; never fill it by duplication).
     """
@@ -370,10 +370,10 @@ def branch_metadata(trajectories: Sequence[ARPOTrajectory], cfg: ARPOConfig) -> 
         raise ValueError(f"a prompt ended with {len(trajectories)} trajectories, not arpo.rollouts_per_prompt="
                          f"{cfg.rollouts_per_prompt}: the rollout must keep planning rounds until top-ups fill it.")
     return {
-        "arpo_index": np.array([t.index for t in trajectories], dtype=np.int64),
-        "arpo_parent": np.array([t.parent for t in trajectories], dtype=np.int64),
-        "arpo_branch_pos": np.array([t.branch_pos for t in trajectories], dtype=np.int64),
-        "arpo_is_topup": np.array([t.is_topup for t in trajectories], dtype=bool),
+        "index": np.array([t.index for t in trajectories], dtype=np.int64),
+        "parent": np.array([t.parent for t in trajectories], dtype=np.int64),
+        "branch_pos": np.array([t.branch_pos for t in trajectories], dtype=np.int64),
+        "is_topup": np.array([t.is_topup for t in trajectories], dtype=bool),
     }
 
 
@@ -437,8 +437,9 @@ def _blocks(group: Tensor, index: Tensor, parent: Tensor, branch_pos: Tensor,
 
 def shared_lengths(group: Tensor, index: Tensor, parent: Tensor, branch_pos: Tensor, L: int) -> Tensor:
     """D [B, B]: response tokens rows i and j share by construction (min branch position on their tree path; 0 across
-    groups or roots; L on the diagonal). ``index``/``parent`` are within-group (arpo_index, arpo_parent), so rows may
-    come in any order (verl's balance_batch reorders them). Dense B × B: for checks and diagnostics."""
+    groups or roots; L on the diagonal). ``index``/``parent`` are within-group (a trajectory's number among its
+    prompt's M and its parent's), so rows may come in any order (verl's balance_batch reorders them). Dense B × B:
+    for checks and diagnostics."""
     B = group.shape[0]
     D = torch.eye(B, dtype=torch.long) * L
     for rows, d in _blocks(group, index, parent, branch_pos, L):
@@ -547,37 +548,39 @@ def shared_turn_weights(turn_end: Tensor, turn_valid: Tensor, group: Tensor, ind
 # ------------------------------------------------------------------------------------------------------ metrics
 
 
-def step_metrics(records: Sequence[Mapping[str, Any]]) -> dict[str, float]:
-    """``arpo/*`` metrics of one training step from each trajectory's record (the agent loop's extra fields):
-    ``arpo_index``, ``arpo_parent``, ``arpo_branch_pos``, ``arpo_is_topup``, ``arpo_delta_h`` (the ΔH of every turn it
-    measured), ``arpo_unmeasured`` and ``arpo_prompt`` (which prompt group it belongs to). Empty when no record carries
-    ARPO fields (ARPO off). Tool calls per trajectory are logged for every run, branched or not
+def step_metrics(group: Tensor, index: Tensor, parent: Tensor, branch_pos: Tensor, is_topup: Tensor,
+                 unmeasured: Tensor, delta_h: Sequence[float]) -> dict[str, float]:
+    """``arpo/*`` metrics of one training step over the K trajectories that carry a tree (the arpo_agent loop's), in
+    any order (verl's balance_batch reorders rows): ``group`` [K] (the prompt each belongs to), ``index``, ``parent``,
+    ``branch_pos`` [K] (within the group, as in ``shared_lengths``), ``is_topup`` [K] bool, ``unmeasured`` [K] (turns
+    whose ΔH could not be measured), ``delta_h`` (the ΔH of every measured turn, all trajectories together). Empty
+    when K = 0 (ARPO off). Tool calls per trajectory are logged for every run, branched or not
     (``igpo/tool_calls_per_trajectory``).
 
     ``arpo/nested_branches``: branches whose parent is itself a branch; ``arpo/rebranch_same_point``: those of them
     with the parent's own branch_pos, i.e. a tool result that got a second round of branching through its own branch
     (``may_branch_at`` forbids it: must be 0)."""
-    rows = [r for r in records if "arpo_parent" in r]
+    rows = int(group.shape[0])
     if not rows:
         return {}
-    prompts = len({r.get("arpo_prompt") for r in rows}) or 1
-    branches = sum(int(r["arpo_parent"]) >= 0 for r in rows)
-    tree = {(r.get("arpo_prompt"), int(r.get("arpo_index", -1))): r for r in rows}
+    groups, idx, par, pos = group.tolist(), index.tolist(), parent.tolist(), branch_pos.tolist()
+    prompts = len(set(groups))
+    branches = sum(p >= 0 for p in par)
+    row_of = {(g, i): r for r, (g, i) in enumerate(zip(groups, idx))}
     nested = rebranched = 0
-    for r in rows:
-        parent = tree.get((r.get("arpo_prompt"), int(r["arpo_parent"]))) if int(r["arpo_parent"]) >= 0 else None
-        if parent is not None and int(parent["arpo_parent"]) >= 0:
+    for r in range(rows):
+        above = row_of.get((groups[r], par[r])) if par[r] >= 0 else None
+        if above is not None and par[above] >= 0:
             nested += 1
-            rebranched += int(parent.get("arpo_branch_pos", 0)) == int(r.get("arpo_branch_pos", 0))
-    topups = sum(bool(r.get("arpo_is_topup")) for r in rows)
-    deltas = [float(d) for r in rows for d in (r.get("arpo_delta_h") or [])]
+            rebranched += pos[above] == pos[r]
+    deltas = [float(d) for d in delta_h]
     return {
         "arpo/branches_per_prompt": branches / prompts,
-        "arpo/branch_share": branches / len(rows),
+        "arpo/branch_share": branches / rows,
         "arpo/nested_branches": float(nested),
         "arpo/rebranch_same_point": float(rebranched),
-        "arpo/topups_per_prompt": topups / prompts,
+        "arpo/topups_per_prompt": int(is_topup.sum()) / prompts,
         "arpo/delta_h_mean": float(np.mean(deltas)) if deltas else 0.0,
         "arpo/measured_turns": float(len(deltas)),
-        "arpo/unmeasured_turns": float(sum(int(r.get("arpo_unmeasured", 0) or 0) for r in rows)),
+        "arpo/unmeasured_turns": float(unmeasured.sum()),
     }

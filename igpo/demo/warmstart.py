@@ -39,6 +39,7 @@ from tool_server.backends.local import LocalBackend
 from tool_server.client import ToolClient, ToolResult
 from tool_server.process import start_tool_server
 
+from igpo.agent.records import TurnRecord
 from igpo.demo.titles import DemoQuestion, build_questions, load_passages, split_passages
 from igpo.demo.warmstart_config import WarmStartConfig
 from igpo.demo.world import WorldConfig, build_world, practice_world, warm_start_config, warm_start_plan
@@ -286,10 +287,10 @@ def world_examples(tokenizer: Any, tools: LocalTools, world: Any, config: WarmSt
                   "reward_model": {"ground_truth": question.answer}, "data_source": "demo_world", "extra_info": {},
                   "index": index, "uid": f"warmstart-{index}", "global_steps": 0}
         out = await loop.run({"temperature": 1.0}, **kwargs)
-        extra = out.extra_fields
-        if server.calls != len(turns) or extra["igpo_stop_reason"] != "answer" or extra["igpo_forced_final"]:
+        record = TurnRecord.from_extra_fields(out.extra_fields)
+        if server.calls != len(turns) or record.stop_reason != "answer" or record.forced_final:
             return None, "not_played_to_the_end"
-        if not all(extra["igpo_turn_format_ok"]):
+        if not all(record.format_ok):
             return None, "malformed"
         return Example(tuple(out.prompt_ids) + tuple(out.response_ids),
                        (0,) * len(out.prompt_ids) + tuple(out.response_mask)), "ok"
@@ -583,16 +584,16 @@ def measure(model_dir: str | Path, corpus: str | Path, *, n: int = 32, seed: int
     search_first = found = answered = exact = 0
     gains: list[float] = []
     for question, out in zip(questions, outputs):
-        extra = out.extra_fields
-        if extra["igpo_tool_names"][:1] == ["search"] and extra["igpo_turn_format_ok"][0]:
+        record = TurnRecord.from_extra_fields(out.extra_fields)
+        if record.tool_names[:1] == ["search"] and record.format_ok[0]:
             search_first += 1
-            observation = tokenizer.decode(out.response_ids[extra["igpo_turn_ends"][0] + 1:])
+            observation = tokenizer.decode(out.response_ids[record.turn_ends[0] + 1:])
             found += f"[{question.answer}]" in observation.split("</tool_response>")[0]
-            scores = extra["igpo_answer_logprobs"]
+            scores = record.answer_logprobs
             if len(scores) > 1 and scores[0] is not None and scores[1] is not None:
                 gains.append(scores[1][0] - scores[0][0])
-        answered += extra["igpo_stop_reason"] == "answer" and extra["igpo_num_turns"] >= 2
-        exact += extra["igpo_final_answer"] == question.answer
+        answered += record.stop_reason == "answer" and record.num_turns >= 2
+        exact += record.final_answer == question.answer
     return ProtocolReport(
         n=n, search_first=search_first / n, found=found / n, answer_after_observation=answered / n, exact=exact / n,
         ig_first_search=sum(gains) / len(gains) if gains else None,
@@ -644,13 +645,13 @@ def measure_world(model_dir: str | Path, corpus: str | Path, world: Any, *, spli
     scores: dict[str, list[float]] = {}
     searched = right = hops = two_hop = 0
     for question, out in zip(questions, outputs):
-        extra = out.extra_fields
-        answer = extra["igpo_final_answer"]
+        record = TurnRecord.from_extra_fields(out.extra_fields)
+        answer = record.final_answer
         scores.setdefault(question.kind, []).append(f1_score(answer, [question.answer]) if answer else 0.0)
-        tools_used = [t for t in extra["igpo_tool_names"] if t]
+        tools_used = [t for t in record.tool_names if t]
         if tools_used:
             searched += 1
-            first = tokenizer.decode(out.response_ids[: extra["igpo_turn_ends"][0] + 1])
+            first = tokenizer.decode(out.response_ids[: record.turn_ends[0] + 1])
             call = parse_turn(first.split("<|im_end|>")[0])
             query = call.arguments.get("query") if call.kind == "tool_call" else None
             right += question.person in " ".join([query] if isinstance(query, str) else query or [])

@@ -53,6 +53,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from igpo.agent.records import RewardInputs, TurnRecord
 from igpo.core.turn_format import extract_answer
 from igpo.eval.data import EvalRow
 from igpo.eval.settings import EvalConfig
@@ -109,30 +110,30 @@ def _reward_kwargs(config: EvalConfig, judge_settings: Mapping[str, Any] | None)
 
 async def score_record(row: EvalRow, final_turn_text: str, reward_kwargs: Mapping[str, Any]) -> dict[str, Any]:
     """EM / F1 / judge of a final turn, by the training reward function (module docstring)."""
-    from igpo.reward import FINAL_TURN_KEY, compute_score
+    from igpo.reward import compute_score
 
     scores = await compute_score(
         row.data_source, "", row.ground_truth,
-        extra_info={FINAL_TURN_KEY: final_turn_text, "igpo_question": row.question}, **reward_kwargs,
+        extra_info=RewardInputs(final_turn_text, question=row.question).to_extra_info(), **reward_kwargs,
     )
     judge = None if math.isnan(scores["judge"]) else scores["judge"]
     return {"em": scores["em"], "f1": scores["f1"], "judge": judge, "judge_failed": bool(scores["judge_failed"]),
             "format_ok": bool(scores["format_ok"])}
 
 
-def trace_record(row: EvalRow, output: Any, scores: Mapping[str, Any], tokenizer: Any, seconds: float,
-                 run: int = 0) -> dict:
-    extra = output.extra_fields
-    final_turn = extra["igpo_final_turn_text"]
-    names = list(extra["igpo_tool_names"])
+def trace_record(row: EvalRow, output: Any, record: TurnRecord, scores: Mapping[str, Any], tokenizer: Any,
+                 seconds: float, run: int = 0) -> dict:
+    """One trace line: the row, the scores, and what the agent loop recorded (``record``, read from ``output``)."""
+    final_turn = record.final_turn_text
+    names = list(record.tool_names)
     return {
         "data_source": row.data_source, "index": row.index, "run": run, "row": row.number, "question": row.question,
         "gold": list(row.aliases), "final_answer": extract_answer(final_turn), **scores,
-        "turns": int(extra["igpo_num_turns"]), "tool_calls": sum(n is not None for n in names),
-        "tool_names": names, "tool_status": list(extra["igpo_tool_status"]),
-        "stop_reason": extra["igpo_stop_reason"], "forced_final": bool(extra["igpo_forced_final"]),
-        "truncated": bool(extra["igpo_truncated"]), "infra_errors": int(extra["igpo_infra_errors"]),
-        "retries": int(extra["igpo_retries"]), "sample_error": extra["igpo_error"],
+        "turns": record.num_turns, "tool_calls": sum(n is not None for n in names),
+        "tool_names": names, "tool_status": list(record.tool_status),
+        "stop_reason": record.stop_reason, "forced_final": bool(record.forced_final),
+        "truncated": bool(record.truncated), "infra_errors": int(record.infra_errors),
+        "retries": int(record.retries), "sample_error": record.error,
         "prompt_tokens": len(output.prompt_ids), "response_tokens": len(output.response_ids),
         "seconds": round(seconds, 3), "final_turn_text": final_turn,
         "response_text": tokenizer.decode(output.response_ids, skip_special_tokens=False),
@@ -235,14 +236,16 @@ async def evaluate(
                     extra_info={"index": row.index}, index=row.index, global_steps=0,
                     uid=row.uid, session_id=run,  # the seed key: (seed, step 0, question, run)
                 )
-                scores = await score_record(row, output.extra_fields["igpo_final_turn_text"], reward_kwargs)
+                turn_record = TurnRecord.from_extra_fields(output.extra_fields)
+                scores = await score_record(row, turn_record.final_turn_text, reward_kwargs)
             except Exception as err:  # noqa: BLE001 - recorded per (row, run), reported, redone by the next run
                 message = f"{type(err).__name__}: {err}"
                 report.failed[row.run_key(run)] = message
                 logger.warning("row %d %s run %d failed: %s", row.number, row.key, run, message)
                 progress.tick(failed=True)
                 return
-            store.append(trace_record(row, output, scores, tokenizer, time.perf_counter() - began, run=run))
+            store.append(trace_record(row, output, turn_record, scores, tokenizer, time.perf_counter() - began,
+                                      run=run))
             report.finished += 1
             progress.tick()
 

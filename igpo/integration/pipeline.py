@@ -79,7 +79,7 @@ def advantage_step(method: Method, records: Sequence[TurnRecord], uids: Sequence
     batch = StepBatch(turns, list(uids), group_ids(uids), response_mask, rm_scores.float(), infra,
                       fields=dict(fields or {}), step=step, total_steps=total_steps, epoch=epoch)
     result = method.advantage(batch, scorer)
-    metrics.update(rollout_metrics(turns.records, turns.num_turns))
+    metrics.update(rollout_metrics(turns))
     metrics["outcome/same_outcome_group_share"] = same_outcome_share(batch.rm_scores.sum(-1), batch.group,
                                                                      ~infra.rows)
     metrics.update(result.metrics)

@@ -2,21 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import numpy as np
-import torch
 
-from igpo.agent.records import TurnRecord
+from igpo.agent.records import TreeBatch, TurnBatch
 from igpo.core import arpo as arpo_core
 from igpo.core.health import turn_health
 
 
-def rollout_metrics(records: Sequence[TurnRecord], num_turns: torch.Tensor) -> dict[str, float]:
+def rollout_metrics(turns: TurnBatch) -> dict[str, float]:
     """Infra errors (not the model's fault), forced finals, cut-offs, truncations, boundaries the rollout could not
     score (score_on=rollout), trajectories the engine refused as too long, tool calls, and ``arpo/*`` when the
     arpo_agent loop branched."""
-    records = list(records)
+    records = turns.records
 
     def share(flag: str) -> float:
         return float(np.mean([bool(getattr(r, flag)) for r in records])) if records else 0.0
@@ -27,12 +24,11 @@ def rollout_metrics(records: Sequence[TurnRecord], num_turns: torch.Tensor) -> d
     # Every turn that called a tool (malformed and answer turns excluded): what ARPO claims to halve vs GRPO, and
     # the infra breaker's denominator.
     calls = [sum(name is not None for name in r.tool_names) for r in records]
-    branches = [r.branch.to_extra_fields() for r in records if r.branch is not None]
     # Turns the protocol's format check passed (tool and answer turns alike): "the protocol is known".
     checked = [bool(ok) for r in records for ok in r.format_ok]
     return {
-        **arpo_core.step_metrics(branches),
-        "igpo/turns_mean": float(num_turns.float().mean()) if len(num_turns) else 0.0,
+        **arpo_metrics(turns.tree),
+        "igpo/turns_mean": float(turns.num_turns.float().mean()) if len(turns.num_turns) else 0.0,
         "igpo/tool_calls_per_trajectory": float(np.mean(calls)) if records else 0.0,
         "igpo/infra_errors": total("infra_errors"),
         "igpo/tool_calls": float(sum(calls)),
@@ -44,3 +40,12 @@ def rollout_metrics(records: Sequence[TurnRecord], num_turns: torch.Tensor) -> d
         "health/format_ok_turn_share": float(np.mean(checked)) if checked else 0.0,
         **turn_health(r.tool_status for r in records),
     }
+
+
+def arpo_metrics(tree: TreeBatch) -> dict[str, float]:
+    """``arpo/*`` of the rows the arpo_agent loop recorded a tree for (``igpo.core.arpo.step_metrics``); empty
+    without ARPO."""
+    rows = tree.recorded
+    deltas = [d for kept, measured in zip(rows.tolist(), tree.delta_h) if kept for d in measured]
+    return arpo_core.step_metrics(tree.group[rows], tree.index[rows], tree.parent[rows], tree.branch_pos[rows],
+                                  tree.is_topup[rows], tree.unmeasured[rows], deltas)

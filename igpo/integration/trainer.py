@@ -191,12 +191,12 @@ class IGPOTrainerSync(RunControl, CheckpointState, PPOTrainerSync):
         data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
                                select_fields=["extra_fields", "uid", "rm_scores"])
         records = [TurnRecord.from_extra_fields(e) for e in data.pop("extra_fields").tolist()]
-        num_turns = torch.tensor([r.num_turns for r in records], dtype=torch.long)
-        metrics.update(rollout_metrics(records, num_turns))
         group = group_ids(data.pop("uid").tolist())
-        metrics["outcome/same_outcome_group_share"] = same_outcome_share(data.to_padded_tensor()["rm_scores"].sum(-1),
-                                                                         group)
-        self.histograms.record(hist.TURNS, num_turns)
+        rm_scores = data.to_padded_tensor()["rm_scores"]
+        turns = TurnBatch.from_records(records, rm_scores.shape[1])
+        metrics.update(rollout_metrics(turns))
+        metrics["outcome/same_outcome_group_share"] = same_outcome_share(rm_scores.sum(-1), group)
+        self.histograms.record(hist.TURNS, turns.num_turns)
         metrics["igpo/infra_masked_trajectories"] = metrics["igpo/infra_masked_turns"] = 0.0  # policy: keep
         out = super()._compute_advantage(batch, metrics)
         if self._arpo_hard:  # rewrite verl's advantages with the tree average

@@ -36,6 +36,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from igpo.agent.records import RewardInputs
 from igpo.core.ground_truth import parse_ground_truth
 from igpo.core.outcome import F1_NORMALIZATIONS, AnswerScores, score_answer
 from igpo.core.turn_format import check_answer_turn, extract_answer, extract_first_answer, final_turn_text, \
@@ -44,13 +45,6 @@ from igpo.reward.judge import JudgeConfig, LLMJudge
 
 REWARD_TYPES = ("f1", "em", "llm")
 ANSWER_PICKS = ("last", "first")
-FINAL_TURN_KEY = "igpo_final_turn_text"
-"""extra_info key under which the agent loop stores the final assistant turn's text."""
-THINK_PREFILLED_KEY = "igpo_think_prefilled"
-"""Optional extra_info key: the agent loop's knowledge that the generation prompt ended with ``<think>`` (wins over
-``OutcomeRewardConfig.think_prefilled``)."""
-QUESTION_KEYS = ("igpo_question", "question")
-"""extra_info keys searched, in order, for the question shown to the judge."""
 _VERL_KWARGS = frozenset({"reward_router_address", "reward_model_tokenizer"})
 """Passed by verl's reward manager when a verl-hosted reward model is enabled; not used here."""
 
@@ -180,14 +174,6 @@ def judge_metrics() -> dict[str, float]:
     return totals
 
 
-def _question(extra_info: Mapping[str, Any]) -> str:
-    for key in QUESTION_KEYS:
-        value = extra_info.get(key)
-        if isinstance(value, str) and value.strip():
-            return value
-    return ""
-
-
 async def compute_score(
     data_source: str,
     solution_str: str,
@@ -197,9 +183,9 @@ async def compute_score(
 ) -> dict[str, float]:
     """Outcome reward of one trajectory (module docstring); verl's custom reward function contract.
 
-    ``extra_info[FINAL_TURN_KEY]`` is the final assistant turn's text; without it the text after the last
-    ``</tool_response>`` of ``solution_str`` is used. Raises ``ValueError`` for a ground truth without aliases or a
-    data_source missing from the routing table.
+    ``extra_info`` is read through ``RewardInputs`` (``igpo.agent.records``): the final assistant turn's text the agent
+    loop recorded; without it the text after the last ``</tool_response>`` of ``solution_str`` is used. Raises
+    ``ValueError`` for a ground truth without aliases or a data_source missing from the routing table.
     """
     config = _config(reward_kwargs)
     reward_type = config.reward_type(data_source)
@@ -207,16 +193,12 @@ async def compute_score(
         aliases = parse_ground_truth(ground_truth)
     except ValueError as err:
         raise ValueError(f"data_source {data_source!r}: {err}") from err
-    extra_info = extra_info or {}
-    turn = extra_info.get(FINAL_TURN_KEY)
-    if turn is None:
-        turn = final_turn_text(solution_str)
-    elif not isinstance(turn, str):
-        raise TypeError(f"extra_info[{FINAL_TURN_KEY!r}] is a {type(turn).__name__}; the agent loop must store a str.")
+    sample = RewardInputs.from_extra_info(extra_info)
+    turn = sample.final_turn_text if sample.final_turn_text is not None else final_turn_text(solution_str)
 
     pick = extract_first_answer if config.answer_pick == "first" else extract_answer
     answer = pick(turn)
-    think_prefilled = extra_info.get(THINK_PREFILLED_KEY, config.think_prefilled)
+    think_prefilled = config.think_prefilled if sample.think_prefilled is None else sample.think_prefilled
     format_ok = check_answer_turn(turn, think_prefilled=bool(think_prefilled), require_think=config.require_think)
     # F1/EM. The reference's text handling (f1_normalization="reference") lower-cases the whole turn before it looks
     # for the answer tags (so <Answer> counts) and reads a fact-check JSON gold as plain text; the judge sees the
@@ -231,7 +213,7 @@ async def compute_score(
     judge, judge_failed = math.nan, 0.0
     if reward_type == "llm":
         raw_gold = ground_truth if isinstance(ground_truth, str) else None
-        verdict = await get_judge(config).judge(_question(extra_info), answer or "", aliases, raw_gold=raw_gold)
+        verdict = await get_judge(config).judge(sample.question, answer or "", aliases, raw_gold=raw_gold)
         if verdict.correct is None:
             judge_failed = 1.0
             score = scores.f1 if config.judge_failure_score is None else float(config.judge_failure_score)

@@ -603,9 +603,7 @@ async def test_aborted_scoring_request_is_an_ordinary_scoring_error(tiny_tokeniz
 
 
 def test_rollout_metrics_report_scoring_errors_and_context_overflows():
-    import torch
-
-    from igpo.agent.records import TurnRecord
+    from igpo.agent.records import TurnBatch, TurnRecord
     from igpo.integration.rollout_metrics import rollout_metrics
 
     extras = [
@@ -614,23 +612,22 @@ def test_rollout_metrics_report_scoring_errors_and_context_overflows():
         {"igpo_infra_errors": 0, "igpo_scoring_errors": 0, "igpo_context_overflow": False, "igpo_truncated": True},
         {"igpo_infra_errors": 0, "igpo_scoring_errors": 0, "igpo_context_overflow": False, "igpo_truncated": False},
     ]
-    metrics = rollout_metrics([TurnRecord.from_extra_fields(e) for e in extras], torch.tensor([1, 2, 3, 2]))
+    turns = TurnBatch.from_records([TurnRecord.from_extra_fields(e) for e in extras], length=8)
+    metrics = rollout_metrics(turns)
     assert metrics["igpo/scoring_errors"] == 3.0 and metrics["igpo/context_overflow_ratio"] == 0.25
     assert metrics["igpo/infra_errors"] == 1.0 and metrics["igpo/truncated_ratio"] == 0.5
     assert {"igpo/turns_mean", "igpo/forced_final_ratio", "igpo/cutoff_ratio"} <= set(metrics)
 
 
 def test_rollout_metrics_report_the_share_of_turns_that_passed_the_format_check():
-    import torch
-
-    from igpo.agent.records import TurnRecord
+    from igpo.agent.records import TurnBatch, TurnRecord
     from igpo.integration.rollout_metrics import rollout_metrics
 
     extras = [{"igpo_turn_format_ok": [True, True, False], "igpo_num_turns": 3},
               {"igpo_turn_format_ok": [False], "igpo_num_turns": 1}, {"igpo_turn_format_ok": [], "igpo_num_turns": 0}]
-    metrics = rollout_metrics([TurnRecord.from_extra_fields(e) for e in extras], torch.tensor([3, 1, 0]))
+    metrics = rollout_metrics(TurnBatch.from_records([TurnRecord.from_extra_fields(e) for e in extras], length=8))
     assert metrics["health/format_ok_turn_share"] == 0.5  # 2 of 4 turns; a trajectory with no turn adds none
-    assert rollout_metrics([], torch.tensor([]))["health/format_ok_turn_share"] == 0.0
+    assert rollout_metrics(TurnBatch.from_records([], length=8))["health/format_ok_turn_share"] == 0.0
 
 
 async def test_answer_seen_records_whether_the_shown_observation_held_a_gold_alias(tiny_tokenizer):

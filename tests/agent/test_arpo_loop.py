@@ -13,9 +13,10 @@ from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
 from verl.workers.rollout.replica import TokenOutput
 
 from igpo.agent.arpo_loop import ARPOAgentLoop, ARPOSetupError
-from igpo.agent.records import BRANCH_FIELD_KEYS as ARPO_FIELD_KEYS
+from igpo.agent.records import BRANCH_FIELD_KEYS as ARPO_FIELD_KEYS, TreeBatch, TurnRecord
 from igpo.agent.agent_config import arpo_config_from
 from igpo.core import arpo as core
+from igpo.integration.rollout_metrics import arpo_metrics
 
 QUESTION = [{"role": "user", "content": "Who wrote the book?"}]
 ANSWER = "<think>enough</think>\n<answer>Ada</answer>"
@@ -114,6 +115,11 @@ def meta(outs):
              o.extra_fields["arpo_is_topup"]) for o in outs]
 
 
+def tree_metrics(outs):
+    """The step's arpo/* metrics of these outputs, read back as the trainer reads them."""
+    return arpo_metrics(TreeBatch.from_records([TurnRecord.from_extra_fields(o.extra_fields) for o in outs]))
+
+
 def test_registered():
     assert _agent_loop_registry["arpo_agent"]["_target_"] == "igpo.agent.arpo_loop.ARPOAgentLoop"
 
@@ -200,11 +206,11 @@ def test_greedy_sampling_runs_plain_trajectories(tiny_tokenizer):
 
 def test_metrics_of_a_grown_batch(tiny_tokenizer):
     outs, *_ = grow(tiny_tokenizer, m=6, branch_probability=1.0, entropy_weight=0.0, answer_p=0.0)
-    stats = core.step_metrics([o.extra_fields for o in outs])
+    stats = tree_metrics(outs)
     n_branches = sum(o.extra_fields["arpo_parent"] >= 0 for o in outs)
     assert stats["arpo/branches_per_prompt"] == n_branches > 0
     assert stats["arpo/measured_turns"] > 0 and stats["arpo/delta_h_mean"] == pytest.approx(1.0, abs=1e-3)
-    assert core.step_metrics([{"igpo_tool_names": ["search"]}]) == {}  # ARPO off: nothing logged
+    assert arpo_metrics(TreeBatch.from_records([TurnRecord(tool_names=["search"])])) == {}  # ARPO off: nothing logged
 
 
 def test_config_errors_name_the_key_and_the_fix():
@@ -306,7 +312,7 @@ def test_each_tool_result_gets_one_round_of_at_most_z_minus_1_branches(tiny_toke
             nested += rows[parent][1] >= 0
             per_point[(parent, pos)] = per_point.get((parent, pos), 0) + 1
         assert max(per_point.values(), default=0) <= z - 1, (seed, rows)
-        assert core.step_metrics([o.extra_fields for o in outs])["arpo/rebranch_same_point"] == 0.0
+        assert tree_metrics(outs)["arpo/rebranch_same_point"] == 0.0
         # a branch measures only the turns after its own later tool results: one ΔH fewer than its turns after the prompt
         for o in outs:
             f = o.extra_fields

@@ -206,9 +206,9 @@ def test_records_inherit_h_init_and_flag_topups():
     assert t[2] == ARPOTrajectory(index=2, parent=1, branch_pos=9, is_topup=False, h_init=0.6)
     assert t[3] == ARPOTrajectory(index=3, is_topup=True)
     meta = branch_metadata(t, cfg)
-    assert meta["arpo_parent"].tolist() == [-1, -1, 1, -1]
-    assert meta["arpo_branch_pos"].tolist() == [0, 0, 9, 0]
-    assert meta["arpo_is_topup"].tolist() == [False, False, False, True]
+    assert meta["parent"].tolist() == [-1, -1, 1, -1]
+    assert meta["branch_pos"].tolist() == [0, 0, 9, 0]
+    assert meta["is_topup"].tolist() == [False, False, False, True]
     with pytest.raises(ValueError, match="keeps its source's H_init"):
         with_initial_entropy(t[2], 0.1)
     with pytest.raises(ValueError, match="already has H_init"):
@@ -275,10 +275,10 @@ def test_exactly_m_per_prompt_never_duplicated(M, N, Z, calls):
     for prompt in range(5):
         records, tokens, masks, _ = simulate(cfg, lambda i, s: s >= limit(i), prompt=prompt, rng_seed=prompt)
         meta = branch_metadata(records, cfg)  # raises unless exactly M
-        assert meta["arpo_index"].tolist() == list(range(M))
+        assert meta["index"].tolist() == list(range(M))
         assert len({tuple(t) for t in tokens}) == M  # no trajectory was copied to fill M
-        n_branch = int((meta["arpo_parent"] >= 0).sum())
-        assert n_branch + int(meta["arpo_is_topup"].sum()) == M - N
+        n_branch = int((meta["parent"] >= 0).sum())
+        assert n_branch + int(meta["is_topup"].sum()) == M - N
         if Z == 1:
             assert n_branch == 0
         branched += n_branch
@@ -311,8 +311,8 @@ def _batch(cfg, prompts=3, seed=5):
         records, tokens, masks, _ = simulate(cfg, lambda i, s: s >= 1 + i % 4, prompt=g, rng_seed=g)
         meta = branch_metadata(records, cfg)
         for k in range(len(records)):
-            rows.append((g, int(meta["arpo_index"][k]), int(meta["arpo_parent"][k]),
-                         int(meta["arpo_branch_pos"][k]), tokens[k], masks[k]))
+            rows.append((g, int(meta["index"][k]), int(meta["parent"][k]),
+                         int(meta["branch_pos"][k]), tokens[k], masks[k]))
     random.Random(seed).shuffle(rows)
     group, index, parent, pos = (torch.tensor([r[c] for r in rows]) for c in range(4))
     responses = _pad([r[4] for r in rows])
@@ -455,20 +455,22 @@ def test_a_branch_is_no_source_at_its_own_branch_point():
         apply_plan(t, RoundPlan(branch_sources=(1,)), response_lengths=[12, 5])
     t = apply_plan(t, RoundPlan(branch_sources=(1, 0)), response_lengths=[12, 9])
     assert [(r.parent, r.branch_pos) for r in t] == [(-1, 0), (0, 5), (1, 9), (0, 12)]
-    assert branch_metadata(t, cfg)["arpo_parent"].tolist() == [-1, 0, 1, 0]
+    assert branch_metadata(t, cfg)["parent"].tolist() == [-1, 0, 1, 0]
 
 
-def _fields(prompt, index, parent, pos):
-    return {"arpo_prompt": prompt, "arpo_index": index, "arpo_parent": parent, "arpo_branch_pos": pos,
-            "arpo_is_topup": False, "arpo_delta_h": [], "arpo_unmeasured": 0}
+def _tree_metrics(rows):
+    """step_metrics of (prompt, index, parent, branch_pos) rows, no top-ups, no ΔH measured."""
+    group, index, parent, pos = (torch.tensor([r[c] for r in rows]) for c in range(4))
+    return step_metrics(group, index, parent, pos, torch.zeros(len(rows), dtype=torch.bool),
+                        torch.zeros(len(rows), dtype=torch.long), [])
 
 
 def test_rebranch_metric_counts_branches_of_branches_at_the_same_point():
-    # prompt a: 1 = branch of 0 at 5; 2 = branch of 1 at 5 (a rebranch); 3 = branch of 2 at 9 (nested, fine)
-    # prompt b: the same indices, 1 = branch of 0 at 5, 2 = branch of 1 at 7: no rebranch (a different point)
-    rows = [_fields("a", 0, -1, 0), _fields("a", 1, 0, 5), _fields("a", 2, 1, 5), _fields("a", 3, 2, 9),
-            _fields("b", 0, -1, 0), _fields("b", 1, 0, 5), _fields("b", 2, 1, 7), _fields("b", 3, 0, 5)]
-    stats = step_metrics(rows[::-1])  # rows in any order (verl's balance_batch)
+    # prompt 0: 1 = branch of 0 at 5; 2 = branch of 1 at 5 (a rebranch); 3 = branch of 2 at 9 (nested, fine)
+    # prompt 1: the same indices, 1 = branch of 0 at 5, 2 = branch of 1 at 7: no rebranch (a different point)
+    rows = [(0, 0, -1, 0), (0, 1, 0, 5), (0, 2, 1, 5), (0, 3, 2, 9),
+            (1, 0, -1, 0), (1, 1, 0, 5), (1, 2, 1, 7), (1, 3, 0, 5)]
+    stats = _tree_metrics(rows[::-1])  # rows in any order (verl's balance_batch)
     assert stats["arpo/rebranch_same_point"] == 1.0 and stats["arpo/nested_branches"] == 3.0
     assert stats["arpo/branches_per_prompt"] == 3.0
-    assert step_metrics(rows[4:])["arpo/rebranch_same_point"] == 0.0
+    assert _tree_metrics(rows[4:])["arpo/rebranch_same_point"] == 0.0
