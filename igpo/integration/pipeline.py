@@ -1,7 +1,8 @@
 """One step of the advantage pipeline, without Ray or TransferQueue (the trainer fetches and writes back around it;
-tests call it directly):
+tests call it directly). Every estimator goes this way, verl's own too (``methods.outcome.VerlEstimator``):
 
-    turn records -> TurnBatch -> infra-failure policy -> method.advantage -> rollout metrics -> ARPO attribution
+    turn records -> TurnBatch -> ARPO tree check -> infra-failure policy -> method.advantage -> rollout metrics
+    -> ARPO attribution
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from igpo.agent.records import TurnBatch, TurnRecord
 from igpo.core.advantage import group_ids, same_outcome_share
 from igpo.core.infra import InfraMask, infra_mask
 from igpo.integration import histograms as hist
-from igpo.integration.branching import hard_attribution
+from igpo.integration.branching import arpo_tree_check, hard_attribution
 from igpo.integration.methods.base import Method, StepBatch
 from igpo.integration.rollout_metrics import rollout_metrics
 
@@ -32,6 +33,28 @@ class StepOutput:
     turns: TurnBatch
     metrics: dict[str, float]
     turn_values: torch.Tensor | None
+
+
+@dataclass(frozen=True)
+class TreeCheck:
+    """ARPO's check that verl stored the tree the rollout built (``algorithm.arpo.enabled``): the stored response ids
+    [B, L] and M, the trajectories every prompt must have."""
+
+    responses: torch.Tensor
+    rollouts_per_prompt: int
+
+
+def check_tree(turns: TurnBatch, response_mask: torch.Tensor, uids: list, check: TreeCheck, metrics: dict,
+               step: Any = "?") -> None:
+    """Every prompt has its M trajectories (tree indices 0..M−1) and every branch equals its parent on response tokens
+    and loss mask before its branch position (``arpo/incomplete_groups``, ``arpo/prefix_mismatches``: both 0 unless
+    the rollout is broken)."""
+    metrics["arpo/prefix_mismatches"], metrics["arpo/incomplete_groups"] = arpo_tree_check(
+        check.responses, response_mask, uids, turns, check.rollouts_per_prompt)
+    if metrics["arpo/prefix_mismatches"] or metrics["arpo/incomplete_groups"]:
+        logger.warning("arpo: step %s: %d branches differ from their parent before their branch position, %d "
+                       "prompts lack trajectories; the tree records do not describe this batch",
+                       step, metrics["arpo/prefix_mismatches"], metrics["arpo/incomplete_groups"])
 
 
 def resolve_infra_policy(method, chosen: str | None, estimator: str) -> str:
@@ -67,17 +90,21 @@ def apply_infra_policy(turns: TurnBatch, response_mask: torch.Tensor, policy: st
 
 def advantage_step(method: Method, records: Sequence[TurnRecord], uids: Sequence, response_mask: torch.Tensor,
                    rm_scores: torch.Tensor, *, infra_failure: str = "mask_trajectory", scorer: Any = None,
-                   fields: dict | None = None, step: int = 0, total_steps: int = 0, epoch: int = 0,
-                   arpo_hard: bool = False, histograms: hist.StepHistograms | None = None) -> StepOutput:
+                   fields: dict | None = None, keys: Sequence[str] = (), step: int = 0, total_steps: int = 0,
+                   epoch: int = 0, tree_check: TreeCheck | None = None, arpo_hard: bool = False,
+                   histograms: hist.StepHistograms | None = None) -> StepOutput:
     """Advantages and returns [B, L] of one step from the agent loop's ``records``, the prompt ``uids``, the stored
-    ``response_mask`` [B, L] and ``rm_scores`` [B, L]; ``fields``: the method's own fields; ``histograms``: where
-    the step's turn values, advantages and turn counts are recorded (``trainer.histograms``)."""
+    ``response_mask`` [B, L] and ``rm_scores`` [B, L]; ``fields``: the method's own fields; ``keys``: the rows'
+    TransferQueue keys; ``tree_check``: check the stored ARPO tree first; ``histograms``: where the step's turn
+    values, advantages and turn counts are recorded (``trainer.histograms``)."""
     metrics: dict[str, float] = {}
     response_mask = response_mask.bool()
     turns = TurnBatch.from_records(records, response_mask.shape[1])
+    if tree_check is not None:
+        check_tree(turns, response_mask, list(uids), tree_check, metrics, step)
     infra = apply_infra_policy(turns, response_mask, infra_failure, metrics, step)
     batch = StepBatch(turns, list(uids), group_ids(uids), response_mask, rm_scores.float(), infra,
-                      fields=dict(fields or {}), step=step, total_steps=total_steps, epoch=epoch)
+                      fields=dict(fields or {}), keys=list(keys), step=step, total_steps=total_steps, epoch=epoch)
     result = method.advantage(batch, scorer)
     metrics.update(rollout_metrics(turns))
     metrics["outcome/same_outcome_group_share"] = same_outcome_share(batch.rm_scores.sum(-1), batch.group,

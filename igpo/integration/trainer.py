@@ -5,14 +5,16 @@ each trajectory's turn structure. This subclass of the stock synchronous trainer
 with one pipeline for every method (``igpo.integration.methods``, chosen by ``algorithm.adv_estimator``):
 
     fetch the step's trajectories and their turn records (``igpo.agent.records``) from TransferQueue
+    -> ARPO's check of the stored tree (``algorithm.arpo.enabled``)
     -> the infra-failure policy (``igpo.core.infra``: which rows and turns leave the signal and the loss)
     -> ``method.advantage(batch, scorer)``: advantages, returns, metrics
     -> ARPO's attribution (``algorithm.arpo.attribution=hard``)
     -> advantages, returns (and the masks, when the policy masked) written back
 
-An estimator no method claims (``grpo``, ``rloo``, ...) runs verl's own step on the outcome reward, with the same
-rollout metrics. Around the pipeline: deterministic prompt uids and batch order (one seed, one run), the rollout
-failure guard, the run's early stops and reports (``run_control``), the checkpointed state (``checkpoint``).
+An estimator no method claims (``grpo``, ``rloo``, ...) is verl's own step on the outcome reward, as a method of the
+same pipeline (``igpo.integration.methods.outcome``). Around the pipeline: deterministic prompt uids and batch order
+(one seed, one run), the rollout failure guard, the run's early stops and reports (``run_control``), the checkpointed
+state (``checkpoint``).
 """
 
 from __future__ import annotations
@@ -32,15 +34,13 @@ from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.workers.utils.padding import response_to_nested
 
 from igpo.agent.agent_config import arpo_config_from, plain_section
-from igpo.agent.records import TurnBatch, TurnRecord
+from igpo.agent.records import TurnRecord
 from igpo.config import IGPOConfig, check_rollout_correction
-from igpo.core.advantage import group_ids, same_outcome_share
 from igpo.core.infra import InfraMask
 from igpo.core.health import HealthConfig, HealthMonitor
 from igpo.integration import histograms as hist
 from igpo.integration import rollout_failures
 from igpo.integration.actor_scoring import ActorScorer
-from igpo.integration.branching import arpo_tree_check, hard_attribution
 from igpo.integration.checkpoint import CheckpointState
 # The module, not its names: the plugin hook imports this trainer while the estimator module may still be half
 # imported (when it is a process's first import); its functions are looked up at call time.
@@ -48,8 +48,7 @@ from igpo.integration import estimator as estimators
 from igpo.integration.infra_breaker import InfraBreaker
 from igpo.integration.methods import method_for
 from igpo.integration.node_reach import require_reach_from_every_node
-from igpo.integration.pipeline import advantage_step, resolve_infra_policy
-from igpo.integration.rollout_metrics import rollout_metrics
+from igpo.integration.pipeline import TreeCheck, advantage_step, resolve_infra_policy
 from igpo.integration.run_control import RunControl
 from igpo.integration.tool_spend import ToolSpendConfig
 
@@ -157,26 +156,29 @@ class IGPOTrainerSync(RunControl, CheckpointState, PPOTrainerSync):
     # ---- the advantage pipeline ----------------------------------------------------------------------------------
 
     def _compute_advantage(self, batch, metrics: dict):
-        if self.arpo.enabled:
-            self._check_arpo_tree(batch, metrics)
         method = self.method
-        if method.verl_computes:
-            return self._verl_advantage(batch, metrics)
         started = time.perf_counter()
-        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
-                               select_fields=[*BASE_FIELDS, *method.fields, *method.response_fields])
+        tree_fields = ("responses",) if self.arpo.enabled else ()
+        select = dict.fromkeys([*BASE_FIELDS, *method.fields, *method.response_fields, *tree_fields])
+        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=list(select))
         records = [TurnRecord.from_extra_fields(e) for e in data.pop("extra_fields").tolist()]
         uids = data.pop("uid").tolist()
+        tree = None
+        if self.arpo.enabled:
+            responses = data.select("responses").to_padded_tensor()["responses"]
+            tree = TreeCheck(responses, self.arpo.rollouts_per_prompt)
         rows = {name: _per_row(data.pop(name)) for name in method.fields}
         nested_mask = data["response_mask"]
         padded = data.to_padded_tensor()
+        # A response field TransferQueue does not hold (verl's critic values without a critic) is left out.
+        response = {n: padded[n].float() for n in method.response_fields if n in padded.keys()}
         steps_per_epoch = int(getattr(self, "steps_per_epoch", 0) or 0)
         out = advantage_step(
             method, records, uids, padded["response_mask"], padded["rm_scores"], infra_failure=self.infra_failure,
-            scorer=self._actor_scorer(), fields={**rows, **{n: padded[n].float() for n in method.response_fields}},
+            scorer=self._actor_scorer(), fields={**rows, **response}, keys=list(batch.keys),
             step=int(self.global_steps), total_steps=int(self.total_training_steps),
-            epoch=self.global_steps // steps_per_epoch if steps_per_epoch else 0, arpo_hard=self._arpo_hard,
-            histograms=self.histograms)
+            epoch=self.global_steps // steps_per_epoch if steps_per_epoch else 0, tree_check=tree,
+            arpo_hard=self._arpo_hard, histograms=self.histograms)
         metrics.update(out.metrics)
         metrics[f"timing_s/{method.name}_advantage"] = time.perf_counter() - started
         fields = {"advantages": response_to_nested(out.advantages.float(), nested_mask),
@@ -184,31 +186,6 @@ class IGPOTrainerSync(RunControl, CheckpointState, PPOTrainerSync):
         fields.update(masked_response(out.infra, padded["response_mask"], nested_mask))
         return tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id,
                                fields=TensorDict(fields, batch_size=len(batch)))
-
-    def _verl_advantage(self, batch, metrics: dict):
-        """An estimator no method claims (e.g. ``grpo``): verl's own step on the outcome reward, plus our rollout
-        metrics and ARPO's hard attribution."""
-        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
-                               select_fields=["extra_fields", "uid", "rm_scores"])
-        records = [TurnRecord.from_extra_fields(e) for e in data.pop("extra_fields").tolist()]
-        group = group_ids(data.pop("uid").tolist())
-        rm_scores = data.to_padded_tensor()["rm_scores"]
-        turns = TurnBatch.from_records(records, rm_scores.shape[1])
-        metrics.update(rollout_metrics(turns))
-        metrics["outcome/same_outcome_group_share"] = same_outcome_share(rm_scores.sum(-1), group)
-        self.histograms.record(hist.TURNS, turns.num_turns)
-        metrics["igpo/infra_masked_trajectories"] = metrics["igpo/infra_masked_turns"] = 0.0  # policy: keep
-        out = super()._compute_advantage(batch, metrics)
-        if self._arpo_hard:  # rewrite verl's advantages with the tree average
-            data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
-                                   select_fields=["uid", "advantages", "response_mask"])
-            nested_mask, padded = data["response_mask"], data.to_padded_tensor()
-            turns = TurnBatch.from_records(records, padded["response_mask"].shape[1])
-            advantages = hard_attribution(padded["advantages"].float(), padded["response_mask"],
-                                          data.pop("uid").tolist(), turns, metrics)
-            fields = TensorDict({"advantages": response_to_nested(advantages, nested_mask)}, batch_size=len(batch))
-            out = tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=fields)
-        return out
 
     def _actor_scorer(self) -> ActorScorer:
         if self._scorer is None:
@@ -218,23 +195,6 @@ class IGPOTrainerSync(RunControl, CheckpointState, PPOTrainerSync):
     @property
     def _arpo_hard(self) -> bool:
         return self.arpo.enabled and self.arpo.attribution == "hard"
-
-    def _check_arpo_tree(self, batch, metrics: dict) -> None:
-        """The tree as verl stored it: every prompt has its M trajectories (tree indices 0..M−1) and every branch
-        equals its parent on response tokens and loss mask before its branch position (``arpo/incomplete_groups``,
-        ``arpo/prefix_mismatches``: both 0 unless the rollout is broken)."""
-        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
-                               select_fields=["uid", "responses", "response_mask", "extra_fields"])
-        records = [TurnRecord.from_extra_fields(e) for e in data.pop("extra_fields").tolist()]
-        uids = data.pop("uid").tolist()
-        padded = data.to_padded_tensor()
-        turns = TurnBatch.from_records(records, padded["responses"].shape[1])
-        metrics["arpo/prefix_mismatches"], metrics["arpo/incomplete_groups"] = arpo_tree_check(
-            padded["responses"], padded["response_mask"], uids, turns, self.arpo.rollouts_per_prompt)
-        if metrics["arpo/prefix_mismatches"] or metrics["arpo/incomplete_groups"]:
-            logger.warning("arpo: step %s: %d branches differ from their parent before their branch position, %d "
-                           "prompts lack trajectories; the tree records do not describe this batch",
-                           self.global_steps, metrics["arpo/prefix_mismatches"], metrics["arpo/incomplete_groups"])
 
     # ---- metrics and reports ---------------------------------------------------------------------------------------
 

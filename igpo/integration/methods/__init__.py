@@ -4,8 +4,8 @@ The ``igpo_sync`` trainer runs one pipeline for every method: it fetches the ste
 records, applies the infra-failure policy, calls ``method.advantage(batch, scorer)``, applies ARPO's attribution and
 writes the advantages back. A method gets everything it needs in ``StepBatch`` (and the actor's scoring passes in
 ``scorer``) and never calls back into the trainer. A new method is one module here and one ``register_method``
-line; an estimator name no method claims is verl's own (``outcome.VerlEstimator``: GRPO, RLOO, ... on the outcome
-reward, computed by verl's step).
+line; an estimator name no method claims is verl's own, wrapped as a method of the same pipeline
+(``outcome.VerlEstimator``: GRPO, RLOO, ... on the outcome reward, computed by verl's advantage step).
 
 A method:
 

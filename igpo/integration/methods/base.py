@@ -21,7 +21,8 @@ class StepBatch:
     prompt); ``response_mask`` [B, L] bool as the rollout stored it; ``rm_scores`` [B, L] (the outcome reward on the
     last response token); ``infra``: what the infra-failure policy takes out (rows, turns and the loss mask without
     them; a masked row must get no signal and a zero advantage); ``fields``: the method's own ``fields``, padded
-    tensors or per-row lists; ``step``, ``total_steps``, ``epoch``: where the run is.
+    tensors or per-row lists (a field TransferQueue does not hold is left out); ``keys``: each row's TransferQueue key
+    (``{uid}_{session}_{index}``); ``step``, ``total_steps``, ``epoch``: where the run is.
     """
 
     turns: TurnBatch
@@ -31,6 +32,7 @@ class StepBatch:
     rm_scores: Tensor
     infra: InfraMask
     fields: dict[str, Any] = field(default_factory=dict)
+    keys: list[str] = field(default_factory=list)
     step: int = 0
     total_steps: int = 0
     epoch: int = 0
@@ -51,15 +53,13 @@ class Method:
     """Base of a turn-level method. ``fields``: TransferQueue fields read beyond ``uid``, ``response_mask``,
     ``rm_scores`` and ``extra_fields``, handed over per row (a tensor per row, or the stored objects);
     ``response_fields``: fields aligned with the response, handed over padded [B, L]. ``masks_infra``: the method can leave a trajectory out of its statistics, so
-    ``algorithm.igpo.infra_failure`` may mask (default ``mask_trajectory``); otherwise only ``keep`` is allowed.
-    ``verl_computes``: verl's own step computes the advantage (``advantage`` is not called)."""
+    ``algorithm.igpo.infra_failure`` may mask (default ``mask_trajectory``); otherwise only ``keep`` is allowed."""
 
     name = "method"
     title = "a turn-level method"  # how the trainer's log names it
     fields: tuple[str, ...] = ()
     response_fields: tuple[str, ...] = ()
     masks_infra = True
-    verl_computes = False
 
     def __init__(self, config: Any):
         self.config = config
