@@ -18,7 +18,7 @@ case "$_igpo_kind" in
 esac
 _igpo_hash="$(cat "$_igpo_reqs" "$_igpo_root/requirements-common.txt" "$_igpo_root/pyproject.toml" ${_igpo_nodeps:+"$_igpo_nodeps"} \
               | sha256sum | cut -c1-16)"
-_igpo_check="import importlib.metadata as m, verl, torch, transfer_queue, fastapi, uvicorn, bm25s, httpx, json5, numba, pytest, pytest_asyncio, matplotlib$_igpo_extra
+_igpo_check="import importlib.metadata as m, verl, torch, transfer_queue, fastapi, uvicorn, bm25s, httpx, json5, numba, pytest, pytest_asyncio, xdist, matplotlib$_igpo_extra
 assert any(e.name == 'igpo' for e in m.entry_points(group='verl.plugins')), 'igpo is not installed as a verl plugin'"
 
 _igpo_has_all() { "$1" -c "$_igpo_check" >/dev/null 2>&1; }

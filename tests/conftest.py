@@ -1,6 +1,7 @@
 """Shared fixtures (a tiny local Qwen2 checkpoint and tokenizer, built once and cached under .cache/) and the import
 path of tests/support/."""
 
+import json
 import sys
 from pathlib import Path
 
@@ -35,3 +36,57 @@ def tiny_tokenizer(tiny_model_dir):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+# ------------------------------------------------------------------------------------------------ parallel runs
+# scripts/test.sh runs the suite on several pytest-xdist workers (--dist loadgroup). A trainer start keeps two cores
+# only ~60% busy (Ray and verl start their processes one after another), so an end-to-end test and the fast tests
+# beside it share the machine well. Each end-to-end test is a unit of its own; every other test file is one unit (its
+# module fixtures are built once). Units are handed out longest first, from the times in tests/durations.json, so no
+# long test starts last; `bash scripts/test.sh --record-durations` rewrites that file from the run it makes.
+DURATIONS = REPO / "tests" / "durations.json"
+UNKNOWN_E2E_S, UNKNOWN_S = 90.0, 1.0  # a test not yet in tests/durations.json
+
+
+def pytest_addoption(parser):
+    parser.addoption("--record-durations", action="store_true",
+                     help="write each test's seconds (setup + call + teardown) to tests/durations.json")
+
+
+def _unit(item) -> str:
+    return item.nodeid if item.get_closest_marker("e2e") else item.nodeid.split("::")[0]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    known = json.loads(DURATIONS.read_text()) if DURATIONS.is_file() else {}
+    seconds: dict[str, float] = {}
+    for item in items:
+        default = UNKNOWN_E2E_S if item.get_closest_marker("e2e") else UNKNOWN_S
+        unit = _unit(item)
+        seconds[unit] = seconds.get(unit, 0.0) + known.get(item.nodeid, default)
+        item.add_marker(pytest.mark.xdist_group(unit))
+    first_seen = {unit: i for i, unit in reversed(list(enumerate(map(_unit, items))))}
+    items.sort(key=lambda item: (-seconds[_unit(item)], first_seen[_unit(item)]))
+
+
+_recorded: dict[str, float] = {}
+
+
+def _plain(nodeid: str) -> str:
+    """The test's id without the "@<unit>" that pytest-xdist appends under --dist loadgroup."""
+    for i, char in enumerate(nodeid):
+        if char == "@" and nodeid[i + 1:] in (nodeid[:i], nodeid[:i].split("::")[0]):
+            return nodeid[:i]
+    return nodeid
+
+
+def pytest_runtest_logreport(report):
+    if report.passed or report.failed:
+        nodeid = _plain(report.nodeid)
+        _recorded[nodeid] = round(_recorded.get(nodeid, 0.0) + report.duration, 2)
+
+
+def pytest_sessionfinish(session):
+    if session.config.getoption("--record-durations") and not hasattr(session.config, "workerinput"):
+        DURATIONS.write_text(json.dumps(dict(sorted(_recorded.items())), indent=0) + "\n")

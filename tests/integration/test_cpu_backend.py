@@ -116,7 +116,8 @@ FIRST_IMPORTS = ["igpo.integration.actor_worker", "igpo.agent.agent_loop", "igpo
                  "igpo.cpu.hf_rollout", "igpo.config"]
 
 
-def test_importing_any_of_our_modules_first_loads_every_registration():
+@pytest.mark.parametrize("first", FIRST_IMPORTS)
+def test_importing_any_of_our_modules_first_loads_every_registration(first):
     """A Ray worker that unpickles a class of ours imports its module before anything else (the actor worker; the
     agent loop; a probe task): that import reaches verl, whose plugin hook then imports the registering modules while
     the first one is half imported. Every registration must still load, with no warning, and the agent loops must be
@@ -135,10 +136,9 @@ def test_importing_any_of_our_modules_first_loads_every_registration():
         "assert get_class(L['arpo_agent']['_target_']).__name__ == 'ARPOAgentLoop'\n"
         "print('ok')\n"
     )
-    for first in FIRST_IMPORTS:
-        result = subprocess.run([sys.executable, "-c", script, first], capture_output=True, text=True, timeout=180)
-        assert result.returncode == 0 and "ok" in result.stdout, (first, result.stderr[-3000:])
-        assert "failed to import" not in result.stderr, (first, result.stderr[-3000:])
+    result = subprocess.run([sys.executable, "-c", script, first], capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0 and "ok" in result.stdout, (first, result.stderr[-3000:])
+    assert "failed to import" not in result.stderr, (first, result.stderr[-3000:])
 
 
 def test_the_tool_server_reach_probe_does_not_import_verl():

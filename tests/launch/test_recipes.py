@@ -261,6 +261,7 @@ def test_every_difference_from_the_published_script_is_explained(name, tmp_path,
 
 
 @pytest.mark.e2e
+@pytest.mark.e2e
 def test_cpu_rehearsal_of_search_r1_local(tmp_path):
     """The recipe scaled down (configs/rehearsal/cpu.yaml): tiny model, EM reward, search only, the retriever backend
     in front of our own local BM25 server playing Search-R1's /retrieve; two steps, then the recipe's evaluation."""
