@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -23,13 +24,38 @@ SEARCHING_DEMO = ["data.train_batch_size=32", "actor_rollout_ref.actor.ppo_mini_
                   "actor_rollout_ref.rollout.n=2", *NO_VALIDATION]
 
 
-def run_guarded(args: list[str], env: dict[str, str], timeout: float) -> tuple[int, str]:
+def _live_members(group: int) -> list[str]:
+    """The processes of a process group that still run (zombies, already exited, are not counted), with their
+    command lines."""
+    found = subprocess.run(["pgrep", "-g", str(group)], capture_output=True, text=True).stdout.split()
+    live = []
+    for pid in found:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except (OSError, IndexError):  # it ended meanwhile
+            continue
+        if state != "Z":
+            live.append(f"{pid} {command[:160]}")
+    return live
+
+
+def run_guarded(args: list[str], env: dict[str, str], timeout: float,
+                leftovers: list[str] | None = None) -> tuple[int, str]:
     """(exit code, stdout + stderr) of ``args`` run in the repository root in its own process group; on timeout the
-    test fails with the output's tail. The whole group (Ray, the tool server) is killed afterwards in any case."""
+    test fails with the output's tail. The whole group (Ray, the tool server) is killed afterwards in any case.
+
+    ``leftovers``, when given, receives the processes of the group still running 15 s after the command exited (its
+    Ray cluster, tool server and workers are in that group unless they left it): a clean exit leaves it empty."""
     proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     try:
         out, _ = proc.communicate(timeout=timeout)
+        if leftovers is not None:
+            deadline = time.monotonic() + 15
+            while (live := _live_members(proc.pid)) and time.monotonic() < deadline:
+                time.sleep(0.5)
+            leftovers.extend(live)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, _ = proc.communicate()
