@@ -310,6 +310,9 @@ export TOOL_SERVER_URL
 
 # verl's TensorBoard logger writes where TENSORBOARD_DIR says (else relative to the Ray worker's directory).
 export TENSORBOARD_DIR="${TENSORBOARD_DIR:-$RUN_DIR/tensorboard}"
+# The workers of a cluster started with `ray start` have that command's environment, not this one: the job's runtime
+# environment carries the variable to them (else the events land in the worker's directory on the head).
+[ -z "${RAY_ADDRESS:-}" ] || OVERRIDES+=("+ray_kwargs.ray_init.runtime_env.env_vars.TENSORBOARD_DIR=$TENSORBOARD_DIR")
 echo "igpo: training log $LOG; TensorBoard: tensorboard --logdir $TENSORBOARD_DIR"
 # Ray 2.60 turns token authentication on for a new local cluster: the dashboard asks for the token Ray saved, and
 # a node joining a head that has one needs the same token (else `ray start --address` retries InvalidAuthToken).

@@ -101,7 +101,7 @@ def test_two_nodes_one_actor_rank_each_with_our_plugin(tmp_path, two_node_cluste
     # Two agent-loop workers (the demo runs one), which verl places round-robin: one per node, each sending tool calls;
     # 64 trajectories a step, so that each node's half holds searches (the demo model searches in ~1 of 5).
     rc, out = run_guarded(["bash", "train_igpo.sh", *SEARCHING_DEMO, "trainer.total_training_steps=2",
-                           "trainer.nnodes=2", "trainer.n_gpus_per_node=1", "trainer.logger=[console]",
+                           "trainer.nnodes=2", "trainer.n_gpus_per_node=1",
                            "actor_rollout_ref.rollout.agent.num_workers=2",
                            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
                            "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4",
@@ -135,3 +135,5 @@ def test_two_nodes_one_actor_rank_each_with_our_plugin(tmp_path, two_node_cluste
     assert sorted(node for _, node, _, _ in calls) == sorted(n[:8] for n in nodes), by_node[-1]
     assert all(int(n) > 0 and int(infra) == 0 for _, _, n, infra in calls), by_node[-1]
     assert [float(v) for v in re.findall(r"igpo/infra_errors:([0-9.eE+-]+)", log)] == [0.0, 0.0]
+    # The TensorBoard events are where the launcher said, though the cluster's workers did not inherit its environment.
+    assert list((tmp_path / "run" / "tensorboard").rglob("events.out.tfevents.*")), "no TensorBoard events in the run"
