@@ -368,12 +368,12 @@ def train(model: Any, examples: list[Example], config: WarmStartConfig) -> list[
     order: list[int] = []
     losses: list[float] = []
     start = time.monotonic()
-    while True:
-        # Progress p in [0, 1] is the larger of the spent wall-time and step fractions; the budget ends at p = 1.
-        progress = max((time.monotonic() - start) / config.seconds, len(losses) / config.max_steps)
-        if progress >= 1.0:
-            break
-        # Linear warm-up, then linear decay to 10% at the end of the budget: the last steps settle the format.
+    while len(losses) < config.max_steps and time.monotonic() - start < config.seconds:
+        # The schedule follows the steps alone: the wall-time cap can end a run early (the caller says so), but it
+        # never shapes the learning rate, so a run that reaches max_steps is the same on a busy machine as on an
+        # idle one (a schedule on wall time made the model depend on the machine's load).
+        progress = len(losses) / config.max_steps
+        # Linear warm-up, then linear decay to 10% at max_steps: the last steps settle the format.
         scale = min(1.0, (len(losses) + 1) / (config.warmup_steps + 1)) * max(0.1, 1.0 - progress)
         for group in optimizer.param_groups:
             group["lr"] = config.lr * scale

@@ -19,10 +19,11 @@ class WarmStartConfig:
     max_steps / seconds: training stops after max_steps, or earlier when the wall-time cap is reached (building the
         data is not counted). 600 steps of batch 8 take ~60 s on two idle cores (~0.1 s/step) and give ~97% well-formed
         first search calls; a step-bound run is reproducible, a time-cut one depends on the machine. The default cap
-        (15 min) is a guard against a stuck machine, not a budget: on a loaded machine a 3-minute cap cut the run at
-        144 of 600 steps and the demo model wrote malformed tool calls; a cut run says so on stderr.
+        (1 h) is a guard against a stuck machine, not a budget: on a loaded machine a 3-minute cap cut the run at
+        144 of 600 steps and the demo model wrote malformed tool calls, and with other jobs on both cores the 600
+        steps took 23 min; a cut run says so on stderr.
     batch_size, lr, warmup_steps, weight_decay, grad_clip: AdamW; linear warm-up, then linear decay to 0.1 lr
-        at the end of the budget (by wall time or steps, whichever is further along).
+        at max_steps (by steps alone: the cap ends a run, it never changes the schedule).
     threads: torch CPU threads while training (restored afterwards).
     examples_per_passage: synthetic questions per training passage, each with its own random snippet (world task:
         trajectories of the warm-start policy per training question).
@@ -34,7 +35,7 @@ class WarmStartConfig:
     data: how snippets are drawn and which passages are held out (never trained on).
     """
 
-    seconds: float = 900.0
+    seconds: float = 3600.0
     max_steps: int = 600
     batch_size: int = 8
     lr: float = 1e-2

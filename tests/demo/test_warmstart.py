@@ -227,6 +227,30 @@ def test_the_demo_model_build_is_deterministic(small_corpus, tmp_path):
     assert builds[0][0] != builds[0][1]  # the warm-start changed the weights
 
 
+def test_a_slow_machine_trains_the_same_model_when_it_is_not_cut(tiny_model_dir, tokenizer, small_corpus,
+                                                                 monkeypatch):
+    """The learning-rate schedule follows the steps alone: a clock that runs 50 s per step (a loaded machine) gives
+    the weights of an unhindered run as long as the time cap is not reached. (A schedule on the larger of the time
+    and step fractions gave another model whenever the machine was busy.)"""
+    from transformers import AutoModelForCausalLM
+
+    _, examples, _ = _examples(tokenizer, small_corpus, n=8)
+    config = dataclasses.replace(TEST_CONFIG, max_steps=4, seconds=1000.0)
+
+    def trained() -> dict:
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+        losses = warmstart.train(model, examples, config)
+        assert len(losses) == config.max_steps
+        return {name: value.clone() for name, value in model.state_dict().items()}
+
+    quick = trained()
+    ticks = iter(range(0, 10_000, 50))
+    monkeypatch.setattr(warmstart.time, "monotonic", lambda: float(next(ticks)))
+    slow = trained()
+    assert quick.keys() == slow.keys() and all(torch.equal(quick[k], slow[k]) for k in quick)
+
+
 def test_the_launchers_cache_key_moves_with_every_input(tmp_path):
     """``inputs_key`` lets the launcher reuse the warm-started model without building the training sequences; any
     input it stands for must change it: an option, a byte of the base checkpoint or of the corpus."""
