@@ -50,7 +50,7 @@ UNKNOWN_E2E_S, UNKNOWN_S = 90.0, 1.0  # a test not yet in tests/durations.json
 
 def pytest_addoption(parser):
     parser.addoption("--record-durations", action="store_true",
-                     help="write each test's seconds (setup + call + teardown) to tests/durations.json")
+                     help="write each test's seconds (setup + call + teardown) into tests/durations.json")
 
 
 def _unit(item) -> str:
@@ -88,5 +88,8 @@ def pytest_runtest_logreport(report):
 
 
 def pytest_sessionfinish(session):
+    """With --record-durations: the tests this run made get their new times; the others keep theirs (a run of one
+    folder does not forget the rest)."""
     if session.config.getoption("--record-durations") and not hasattr(session.config, "workerinput"):
-        DURATIONS.write_text(json.dumps(dict(sorted(_recorded.items())), indent=0) + "\n")
+        known = json.loads(DURATIONS.read_text()) if DURATIONS.is_file() else {}
+        DURATIONS.write_text(json.dumps(dict(sorted({**known, **_recorded}.items())), indent=0) + "\n")
