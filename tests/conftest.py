@@ -43,7 +43,7 @@ def tiny_tokenizer(tiny_model_dir):
 # only ~60% busy (Ray and verl start their processes one after another), so an end-to-end test and the fast tests
 # beside it share the machine well. Each end-to-end test is a unit of its own; every other test file is one unit (its
 # module fixtures are built once). Units are handed out longest first, from the times in tests/durations.json, so no
-# long test starts last; `bash scripts/test.sh --record-durations` rewrites that file from the run it makes.
+# long test starts last; `bash scripts/test.sh --record-durations` updates that file with the tests it ran.
 DURATIONS = REPO / "tests" / "durations.json"
 UNKNOWN_E2E_S, UNKNOWN_S = 90.0, 1.0  # a test not yet in tests/durations.json
 
