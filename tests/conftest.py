@@ -60,13 +60,13 @@ def _unit(item) -> str:
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     known = json.loads(DURATIONS.read_text()) if DURATIONS.is_file() else {}
-    seconds: dict[str, float] = {}
+    seconds: dict[str, float] = {}  # per unit, in order of first appearance
     for item in items:
         default = UNKNOWN_E2E_S if item.get_closest_marker("e2e") else UNKNOWN_S
         unit = _unit(item)
         seconds[unit] = seconds.get(unit, 0.0) + known.get(item.nodeid, default)
         item.add_marker(pytest.mark.xdist_group(unit))
-    first_seen = {unit: i for i, unit in reversed(list(enumerate(map(_unit, items))))}
+    first_seen = {unit: i for i, unit in enumerate(seconds)}
     items.sort(key=lambda item: (-seconds[_unit(item)], first_seen[_unit(item)]))
 
 
