@@ -18,8 +18,8 @@ included: the training sequences are what the loop builds during RL. Training mi
 
 with AdamW for a fixed step budget capped by wall time. All sequences share the system prompt (~650 of ~840
 tokens), so its key/value states are computed once per step (batch 1, with gradient) and broadcast to the batch:
-the same loss and gradients at a fraction of the compute. The result is cached: a stamp records every input (this
-module's code, the base weights, the exact training token sequences, the config).
+the same loss and gradients at a fraction of the compute. The result is cached: a stamp records every input (the
+training code, the base weights, the exact training token sequences, the config).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import dataclasses
 import hashlib
+import inspect
 import json
 import random
 import time
@@ -397,10 +398,41 @@ def train(model: Any, examples: list[Example], config: WarmStartConfig) -> list[
 # ---------------------------------------------------------------------------------------------------- entry point
 
 
+def trained_model(model_dir: Path, examples: list[Example], config: WarmStartConfig) -> tuple[Any, list[float], float]:
+    """The base checkpoint in float32, trained on ``examples``: (model, the loss of every step, training seconds)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(config.threads)
+    try:
+        torch.manual_seed(config.seed)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        start = time.monotonic()
+        losses = train(model, examples, config)
+        return model, losses, time.monotonic() - start
+    finally:
+        torch.set_num_threads(threads)
+
+
+# The code that turns (base weights, training sequences, config) into the warm-started weights; the cache key hashes
+# its source, not the whole module, so that an edit elsewhere here (the CLI, the measures, the cache check itself)
+# keeps a cached model (SmolLM2's warm-start costs 17-30 min on two cores). tests/demo/test_warmstart.py checks that
+# every function of this module these call is listed.
+TRAINING_CODE = (trained_model, train, masked_lm_loss, _shared_prefix_len)
+
+
 def _fingerprint(model_dir: Path, examples: list[Example], config: WarmStartConfig) -> str:
-    """Every input of the result: this module's code, the base checkpoint's files, the exact training sequences
-    (which capture the corpus, the protocol, the tool rendering and the tokenizer) and the config."""
-    digest = hashlib.sha256(Path(__file__).read_bytes())
+    """Every input of the result: the training code (``TRAINING_CODE``'s source, torch's and transformers' versions),
+    the base checkpoint's files, the exact training sequences (which capture the corpus, the protocol, the tool
+    rendering and the tokenizer) and the config."""
+    import importlib.metadata
+
+    digest = hashlib.sha256()
+    for function in TRAINING_CODE:
+        digest.update(inspect.getsource(function).encode())
+    for dist in ("torch", "transformers"):
+        digest.update(importlib.metadata.version(dist).encode())
     digest.update(json.dumps(asdict(config), sort_keys=True).encode())
     for path in sorted(p for p in model_dir.iterdir() if p.is_file() and p.name != STAMP):
         digest.update(path.name.encode())
@@ -463,8 +495,7 @@ def warm_start(model_dir: str | Path, corpus: str | Path, out_dir: str | Path, *
     Returns:
         ``out_dir``, loadable with ``AutoModelForCausalLM`` / ``AutoTokenizer``. Its stamp holds the loss curve.
     """
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     config = config or WarmStartConfig()
     overrides = {k: v for k, v in (("seconds", seconds), ("seed", seed)) if v is not None}
@@ -493,16 +524,7 @@ def warm_start(model_dir: str | Path, corpus: str | Path, out_dir: str | Path, *
     if stamp.is_file() and json.loads(stamp.read_text()).get("fingerprint") == fingerprint:
         return out_dir
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(config.threads)
-    try:
-        torch.manual_seed(config.seed)
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-        start = time.monotonic()
-        losses = train(model, examples, config)
-        elapsed = time.monotonic() - start
-    finally:
-        torch.set_num_threads(threads)
+    model, losses, elapsed = trained_model(model_dir, examples, config)
     out_dir.mkdir(parents=True, exist_ok=True)
     stamp.unlink(missing_ok=True)  # a half-written directory must not look finished
     model.save_pretrained(out_dir)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import asyncio
+import inspect
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -194,6 +195,30 @@ def test_warm_start_trains_saves_and_caches(tiny_model_dir, small_corpus, tmp_pa
                                  config=TEST_CONFIG)
     assert json.loads((other / warmstart.STAMP).read_text())["fingerprint"] != stamp["fingerprint"]
 
+
+
+def test_the_cache_key_hashes_all_the_training_code_and_nothing_else_of_the_module():
+    """The key covers TRAINING_CODE's source only: every function of warmstart.py that those functions call must be
+    in it (else an edit of that helper would reuse a stale model), and the entry point and measures must not be (an
+    edit there would retrain SmolLM2 for nothing)."""
+    listed = {f.__name__ for f in warmstart.TRAINING_CODE}
+    module_functions = {name for name, value in vars(warmstart).items()
+                        if inspect.isfunction(value) and value.__module__ == warmstart.__name__}
+    called = {name for f in warmstart.TRAINING_CODE for name in f.__code__.co_names if name in module_functions}
+    assert called <= listed, f"called by the training code but not hashed: {called - listed}"
+    assert not listed & {"warm_start", "main", "measure", "measure_world", "build_examples", "inputs_key"}
+    # The key moves with a listed function's source (here: a changed line of train()).
+    examples = [warmstart.Example(ids=(1, 2, 3), mask=(0, 1, 1))]
+    config = WarmStartConfig()
+    base = Path(warmstart.__file__).parent  # any folder of files stands in for a checkpoint here
+    before = warmstart._fingerprint(base, examples, config)
+    source = inspect.getsource
+    try:
+        inspect.getsource = lambda f: source(f) + ("# changed" if f is warmstart.train else "")
+        assert warmstart._fingerprint(base, examples, config) != before
+    finally:
+        inspect.getsource = source
+    assert warmstart._fingerprint(base, examples, config) == before
 
 def test_measure_reports_on_a_random_model(tiny_model_dir, small_corpus):
     # A random model never writes a well-formed search call: the report must say so (it is not a constant 1).
