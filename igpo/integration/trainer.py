@@ -39,7 +39,7 @@ from igpo.config import IGPOConfig, check_rollout_correction
 from igpo.core.infra import InfraMask
 from igpo.core.health import HealthConfig, HealthMonitor
 from igpo.integration import histograms as hist
-from igpo.integration import rollout_failures
+from igpo.integration import rollout_failures, trajectory_log
 from igpo.integration.actor_scoring import ActorScorer
 from igpo.integration.checkpoint import CheckpointState
 # The module, not its names: the plugin hook imports this trainer while the estimator module may still be half
@@ -115,6 +115,7 @@ class IGPOTrainerSync(RunControl, CheckpointState, PPOTrainerSync):
         self.health = HealthMonitor(HealthConfig.from_dict(plain_section(config.trainer.get("health", None))))
         self.infra_breaker = InfraBreaker(self.tool_spend.infra_breaker)
         self.histograms = hist.StepHistograms(hist.histograms_enabled(config.trainer))
+        self.trajectory_dir = trajectory_log.trajectory_dir(config.trainer)
         if self.igpo.agent.tool_server_url is not None:
             # Before the workers load a model: a node whose agent-loop workers cannot reach the tool server would
             # have all its tool calls masked as infra failures (igpo.integration.node_reach).
@@ -159,7 +160,8 @@ class IGPOTrainerSync(RunControl, CheckpointState, PPOTrainerSync):
         method = self.method
         started = time.perf_counter()
         tree_fields = ("responses",) if self.arpo.enabled else ()
-        select = dict.fromkeys([*BASE_FIELDS, *method.fields, *method.response_fields, *tree_fields])
+        log_fields = ("prompts", "responses") if self.trajectory_dir is not None else ()
+        select = dict.fromkeys([*BASE_FIELDS, *method.fields, *method.response_fields, *tree_fields, *log_fields])
         data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=list(select))
         records = [TurnRecord.from_extra_fields(e) for e in data.pop("extra_fields").tolist()]
         uids = data.pop("uid").tolist()
@@ -167,6 +169,7 @@ class IGPOTrainerSync(RunControl, CheckpointState, PPOTrainerSync):
         if self.arpo.enabled:
             responses = data.select("responses").to_padded_tensor()["responses"]
             tree = TreeCheck(responses, self.arpo.rollouts_per_prompt)
+        ids = {name: _per_row(data.pop(name)) for name in log_fields}
         rows = {name: _per_row(data.pop(name)) for name in method.fields}
         nested_mask = data["response_mask"]
         padded = data.to_padded_tensor()
@@ -181,6 +184,9 @@ class IGPOTrainerSync(RunControl, CheckpointState, PPOTrainerSync):
             arpo_hard=self._arpo_hard, histograms=self.histograms)
         metrics.update(out.metrics)
         metrics[f"timing_s/{method.name}_advantage"] = time.perf_counter() - started
+        if self.trajectory_dir is not None:
+            trajectory_log.write_step(self.trajectory_dir, int(self.global_steps), uids, ids["prompts"],
+                                      ids["responses"], padded["response_mask"], padded["rm_scores"], records)
         fields = {"advantages": response_to_nested(out.advantages.float(), nested_mask),
                   "returns": response_to_nested(out.returns.float(), nested_mask)}
         fields.update(masked_response(out.infra, padded["response_mask"], nested_mask))
