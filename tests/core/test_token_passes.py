@@ -160,3 +160,31 @@ def test_stock_call_on_every_layout_matches_the_reference(L, use_kernels, monkey
     ref = reference_advantage(rewards, F, I, mask, group, norm_mode=cfg.norm_mode, gamma=cfg.gamma)
     assert (adv.double() - ref).abs().max().item() <= 1e-5
     assert ref.abs().max() > 0
+
+
+@pytest.mark.parametrize("L", [64 * 11 + 1, 4096])
+def test_rewards_in_skipped_stretches_are_counted(L, monkeypatch):
+    """After a chunk without response tokens the kernel tests the next chunks several at a time and skips them when
+    mask and rewards are 0 there: a reward anywhere in such a stretch (after the response, in a hole between runs, in
+    an empty row) is still counted off the mask with the tensor path's first index, and the rows' positions and runs
+    are the tensor path's."""
+    B = 4
+    mask = torch.zeros(B, L, dtype=torch.bool)
+    mask[0, :100] = True
+    mask[1, :64] = True
+    mask[1, 640:645] = True  # a hole of nine chunks, then a short run
+    mask[3, 5:70] = True  # row 2 stays empty
+    rewards = torch.zeros(B, L)
+    rewards[0, 99], rewards[0, 64 * 3], rewards[0, L - 1] = 1.0, 3.0, 2.0
+    rewards[1, 64 * 5 + 7], rewards[1, 642] = 4.0, 0.5
+    rewards[2, 64 * 8 - 1] = 5.0
+    rewards[3, 69], rewards[3, 64 * 7] = 1.0, -0.0  # -0.0 is no reward
+    fast = token_reward_boundaries(rewards, mask)
+    assert fast[1] == 4 and fast[2] == 64 * 3
+    monkeypatch.setattr(token_passes, "_use_kernels", lambda *tensors: False)
+    plain = token_reward_boundaries(rewards, mask)
+    assert fast[1:] == plain[1:]
+    for name in ("flat", "K"):
+        assert torch.equal(getattr(fast[0], name), getattr(plain[0], name)), name
+    for name in ("r", "is_f", "is_i", "in_mask", "runs"):
+        assert np.array_equal(getattr(fast[0], name), getattr(plain[0], name)), name
