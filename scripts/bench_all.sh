@@ -14,7 +14,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source scripts/env.sh
 
 declare -A ARGS=([bench_bm25]="--passages 100000")
-ORDER=(bench_advantage bench_scoring bench_infopo bench_agent_loop bench_tool_server bench_bm25)
+ORDER=(bench_advantage bench_scoring bench_infopo bench_agent_loop bench_tool_server bench_bm25 bench_step)
 for script in scripts/bench_*.py; do  # a new benchmark is never skipped silently
     name=$(basename "$script" .py)
     [[ " ${ORDER[*]} " == *" $name "* ]] || ORDER+=("$name")
