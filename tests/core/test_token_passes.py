@@ -98,17 +98,23 @@ def test_kernel_runs_match_the_plain_version_and_the_definition(L):
 @pytest.mark.parametrize("L", [1, 7, 64, 65, 200, 1000])
 def test_positions_with_runs_match_the_tensor_path(L, monkeypatch):
     """Rewards off the mask (before a run, after it, in a hole between runs) are counted, not placed: the kernel's
-    in-run test (t_0 <= t <= t_1) and its mask lookup give the tensor path's positions, count and first index."""
+    mask lookups give the tensor path's positions, count and first index."""
     mask = _layouts(L, seed=10 + L)
-    rewards = _rewards(mask, seed=10 + L, off_mask=True)
+    _matches_the_tensor_path(_rewards(mask, seed=10 + L, off_mask=True), mask, monkeypatch)
+
+
+def _matches_the_tensor_path(rewards, mask, monkeypatch):
+    """token_reward_boundaries through the kernels equals the tensor path, field by field; returns the kernels'."""
     fast = token_reward_boundaries(rewards, mask)
-    monkeypatch.setattr(token_passes, "_use_kernels", lambda *tensors: False)
-    plain = token_reward_boundaries(rewards, mask)
+    with monkeypatch.context() as patch:
+        patch.setattr(token_passes, "_use_kernels", lambda *tensors: False)
+        plain = token_reward_boundaries(rewards, mask)
     assert fast[1:] == plain[1:]
     for name in ("flat", "K"):
         assert torch.equal(getattr(fast[0], name), getattr(plain[0], name)), name
     for name in ("r", "is_f", "is_i", "in_mask", "runs"):
         assert np.array_equal(getattr(fast[0], name), getattr(plain[0], name)), name
+    return fast
 
 
 @pytest.mark.parametrize("L", [1, 7, 64, 65, 200, 1000])
@@ -179,12 +185,5 @@ def test_rewards_in_skipped_stretches_are_counted(L, monkeypatch):
     rewards[1, 64 * 5 + 7], rewards[1, 642] = 4.0, 0.5
     rewards[2, 64 * 8 - 1] = 5.0
     rewards[3, 69], rewards[3, 64 * 7] = 1.0, -0.0  # -0.0 is no reward
-    fast = token_reward_boundaries(rewards, mask)
+    fast = _matches_the_tensor_path(rewards, mask, monkeypatch)
     assert fast[1] == 4 and fast[2] == 64 * 3
-    monkeypatch.setattr(token_passes, "_use_kernels", lambda *tensors: False)
-    plain = token_reward_boundaries(rewards, mask)
-    assert fast[1:] == plain[1:]
-    for name in ("flat", "K"):
-        assert torch.equal(getattr(fast[0], name), getattr(plain[0], name)), name
-    for name in ("r", "is_f", "is_i", "in_mask", "runs"):
-        assert np.array_equal(getattr(fast[0], name), getattr(plain[0], name)), name

@@ -196,8 +196,7 @@ def test_warm_start_trains_saves_and_caches(tiny_model_dir, small_corpus, tmp_pa
     assert json.loads((other / warmstart.STAMP).read_text())["fingerprint"] != stamp["fingerprint"]
 
 
-
-def test_the_cache_key_hashes_all_the_training_code_and_nothing_else_of_the_module():
+def test_the_cache_key_hashes_all_the_training_code_and_nothing_else_of_the_module(tmp_path, monkeypatch):
     """The key covers TRAINING_CODE's source only: every function of warmstart.py that those functions call must be
     in it (else an edit of that helper would reuse a stale model), and the entry point and measures must not be (an
     edit there would retrain SmolLM2 for nothing)."""
@@ -210,15 +209,14 @@ def test_the_cache_key_hashes_all_the_training_code_and_nothing_else_of_the_modu
     # The key moves with a listed function's source (here: a changed line of train()).
     examples = [warmstart.Example(ids=(1, 2, 3), mask=(0, 1, 1))]
     config = WarmStartConfig()
-    base = Path(warmstart.__file__).parent  # any folder of files stands in for a checkpoint here
-    before = warmstart._fingerprint(base, examples, config)
+    (tmp_path / "model.safetensors").write_bytes(b"weights")  # a folder of files stands in for a checkpoint
+    before = warmstart._fingerprint(tmp_path, examples, config)
     source = inspect.getsource
-    try:
-        inspect.getsource = lambda f: source(f) + ("# changed" if f is warmstart.train else "")
-        assert warmstart._fingerprint(base, examples, config) != before
-    finally:
-        inspect.getsource = source
-    assert warmstart._fingerprint(base, examples, config) == before
+    with monkeypatch.context() as patch:
+        patch.setattr(inspect, "getsource", lambda f: source(f) + ("# changed" if f is warmstart.train else ""))
+        assert warmstart._fingerprint(tmp_path, examples, config) != before
+    assert warmstart._fingerprint(tmp_path, examples, config) == before
+
 
 def test_measure_reports_on_a_random_model(tiny_model_dir, small_corpus):
     # A random model never writes a well-formed search call: the report must say so (it is not a constant 1).
