@@ -142,11 +142,7 @@ class Timings:
 
     def cell(self, column: str, phase: str) -> str:
         values = self.values.get((column, phase))
-        if not values:
-            return "-"
-        if len(values) == 1:
-            return f"{values[0]:.3f}"
-        return f"{statistics.median(values):.3f} ({min(values):.3f}-{max(values):.3f})"
+        return describe(values, ".3f") if values else "-"
 
 
 # ---------------------------------------------------------------------------------------------------- set-up
