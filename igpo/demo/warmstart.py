@@ -111,7 +111,9 @@ def _model_type(model_dir: Path) -> str | None:
 
 
 def _make_loop(tokenizer: Any, server: Any, tools: Any, config: WarmStartConfig, *, max_turns: int,
-               scoring: bool, model_type: str | None) -> Any:
+               scoring: bool, model_type: str | None, seed: int | None = None) -> Any:
+    """An ``IGPOAgentLoop`` on ``server``. With ``seed`` the loop seeds every request as the trainer's does (the
+    run's ``seed``, the step, the prompt's uid, the session id, the turn): pass ``session_id`` in its kwargs."""
     from omegaconf import OmegaConf
     from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
 
@@ -125,6 +127,7 @@ def _make_loop(tokenizer: Any, server: Any, tools: Any, config: WarmStartConfig,
         "actor_rollout_ref": {"rollout": {"prompt_length": config.prompt_length,
                                           "response_length": config.response_length}},
         "algorithm": {"igpo": igpo},
+        "seed": seed,
     })
     return IGPOAgentLoop(
         trainer_config=DictConfigWrap(trainer_config), server_manager=server, tokenizer=tokenizer, processor=None,
@@ -587,16 +590,15 @@ def measure(model_dir: str | Path, corpus: str | Path, *, n: int = 32, seed: int
         questions = [questions[i % len(questions)] for i in range(n)]
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
         server = HFRolloutServer(str(model_dir), max_model_len=config.prompt_length + config.response_length,
-                                 response_length=config.response_length)
+                                 response_length=config.response_length, seed=seed)
         torch.set_num_threads(config.threads)  # the server picks its own thread count; this is a one-off measure
-        torch.manual_seed(seed)
 
         async def run_all() -> list[Any]:
             params = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "logprobs": True}
             return await asyncio.gather(*(
                 _make_loop(tokenizer, server, tools, config, max_turns=max_turns, scoring=True,
-                           model_type=_model_type(Path(model_dir)))
-                .run(params, **_loop_kwargs(q, i)) for i, q in enumerate(questions)))
+                           model_type=_model_type(Path(model_dir)), seed=seed)
+                .run(params, **_loop_kwargs(q, i), session_id=i) for i, q in enumerate(questions)))
 
         outputs = tools.run(run_all)
     finally:
@@ -645,19 +647,20 @@ def measure_world(model_dir: str | Path, corpus: str | Path, world: Any, *, spli
     threads = torch.get_num_threads()
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        # The seed reaches every request as in the trainer's rollout: the loop derives each turn's sampling seed
+        # from (seed, step, uid, session id, turn), so two seeds sample two sets of trajectories.
         server = HFRolloutServer(str(model_dir), max_model_len=config.prompt_length + config.response_length,
-                                 response_length=config.response_length)
+                                 response_length=config.response_length, seed=seed)
         torch.set_num_threads(config.threads)
-        torch.manual_seed(seed)
 
         async def run_all() -> list[Any]:
             params = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "logprobs": True}
             return await asyncio.gather(*(
                 _make_loop(tokenizer, server, tools, config, max_turns=config.max_turns, scoring=False,
-                           model_type=_model_type(Path(model_dir)))
+                           model_type=_model_type(Path(model_dir)), seed=seed)
                 .run(params, raw_prompt=[{"role": "user", "content": q.question}],
                      reward_model={"ground_truth": q.answer}, data_source="demo_world", extra_info={}, index=i,
-                     uid=f"measure-{i}", global_steps=0) for i, q in enumerate(questions)))
+                     uid=f"measure-{i}", global_steps=0, session_id=i) for i, q in enumerate(questions)))
 
         outputs = tools.run(run_all)
     finally:

@@ -225,6 +225,40 @@ def test_measure_reports_on_a_random_model(tiny_model_dir, small_corpus):
     assert report.ig_first_search is None and report.ig_positive is None
 
 
+def test_measure_world_samples_each_seed_as_the_trainer_does(tiny_model_dir, small_corpus, monkeypatch):
+    """The seed reaches every request's sampling (the trainer's per-request seeds): one seed repeats its trajectories,
+    another draws others. (The seed once went to torch's global generator, which the server never reads: every seed
+    sampled the same first turns.)"""
+    from igpo.cpu.hf_rollout import HFRolloutServer
+    from igpo.demo.world import WorldConfig, build_world
+
+    world = build_world(WorldConfig(people=6, val_people=2, companies=2, cities=2))
+    config = dataclasses.replace(TEST_CONFIG, max_turns=3, max_tokens_per_turn=6)
+    generate = HFRolloutServer.generate
+    turns: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
+
+    async def recording(self, *args, **kwargs):
+        out = await generate(self, *args, **kwargs)
+        turns.append((tuple(kwargs["prompt_ids"]), tuple(out.token_ids)))
+        return out
+
+    monkeypatch.setattr(HFRolloutServer, "generate", recording)
+
+    def sampled(seed: int) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+        turns.clear()
+        warmstart.measure_world(tiny_model_dir, small_corpus, world, seed=seed, config=config)
+        return sorted(turns)
+
+    def first_turns(runs):  # a question's first turn: its prompt extends no other request's (the same in every run)
+        return sorted(ids for prompt, ids in runs
+                      if not any(len(other) < len(prompt) and prompt[:len(other)] == other for other, _ in runs))
+
+    first = sampled(0)
+    assert first and sampled(0) == first
+    assert len(first_turns(first)) == len(world.questions("val"))
+    assert first_turns(sampled(1)) != first_turns(first)
+
+
 def test_the_demo_model_build_is_deterministic(small_corpus, tmp_path):
     """Copy pre-training and warm-start of a small model, each built twice from scratch: bit-identical weights, so
     every seed, data draw and thread count of the build is fixed. (Two full demo builds on one machine have still
