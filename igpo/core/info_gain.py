@@ -159,7 +159,8 @@ def turn_information_gain(
         ig: [B, S-1], IG_j of turn j (measured at boundary j+1); 0 where ``ig_mask`` is False.
         ig_mask: [B, S-1] bool, turns that carry an IG reward (a zero IG is still a reward position).
         stats: ig_requested (scored non-baseline boundaries), ig_applied, ig_failed (non-finite l_s, IG set to 0),
-            samples_without_baseline.
+            samples_without_baseline (samples with a scored turn whose baseline is missing or non-finite: their turns
+            get no IG; a sample without a scored turn needs no baseline, and the actor does not score it).
     """
     if boundary_logprob.dim() != 2 or not torch.is_floating_point(boundary_logprob):
         raise ValueError(f"boundary_logprob must be a float [B, S] tensor; got {boundary_logprob.dtype} "
@@ -195,7 +196,7 @@ def turn_information_gain(
         "ig_requested": float(asked[:, 1:].sum()),
         "ig_applied": float(ig_mask.sum()),
         "ig_failed": float((ig_mask & ~ok).sum()),
-        "samples_without_baseline": float(((num_turns > 0) & ~has_baseline).sum()),
+        "samples_without_baseline": float((asked[:, 1:].any(dim=1) & ~has_baseline).sum()),
     }
     return ig, ig_mask, stats
 

@@ -93,6 +93,15 @@ def test_baseline_failure_gives_no_ig_and_failed_boundary_is_zero():
     assert stats["samples_without_baseline"] == 1 and stats["ig_failed"] == 1
 
 
+def test_a_sample_without_a_scored_turn_needs_no_baseline():
+    # Row 0 answered at once, row 1's only tool turn is unscored: neither has a gain that a baseline would feed, so an
+    # unscored (NaN) baseline is no missing baseline; row 2's scored turn lost its baseline.
+    lp = torch.tensor([[float("nan"), float("nan")], [float("nan"), -1.0], [float("nan"), -1.0]])
+    scored = torch.tensor([[True, False], [True, False], [True, True]])
+    ig, mask, stats = turn_information_gain(lp, scored, torch.tensor([1, 2, 2]), InfoGainConfig())
+    assert not bool(mask.any()) and stats["samples_without_baseline"] == 1 and stats["ig_requested"] == 1
+
+
 def test_prob_diff_uses_geometric_mean_probability():
     cfg = InfoGainConfig(info_gain_type="prob_diff", ig_tool_filter=())
     lp = torch.tensor([[math.log(0.2), math.log(0.5)]], dtype=torch.float64)

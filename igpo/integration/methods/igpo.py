@@ -139,7 +139,8 @@ class IGPOMethod(Method):
     def _score_on_actor(self, batch: StepBatch, scorer: Any, scored: torch.Tensor,
                         metrics: dict) -> tuple[torch.Tensor, float]:
         """(answer log-probs per boundary [B, T], aliases reduced; samples not scored) from the actor's packed
-        scorer. A sample whose probe or context does not fit is not scored (a warning; it gets no IG)."""
+        scorer. A sample whose probe or context does not fit is not scored (a warning; it gets no IG). A sample with no
+        scored tool turn is not sent at all (its boundaries stay NaN; nothing reads them) and is not counted."""
         started = time.perf_counter()
         prompts, responses = batch.fields["prompts"], batch.fields["responses"]
         reward_models = batch.fields["reward_model"]
@@ -149,6 +150,10 @@ class IGPOMethod(Method):
         requests, owners, skipped = [], [], 0
         for i, record in enumerate(batch.turns.records):
             n = int(batch.turns.num_turns[i])
+            # Without a scored tool turn the baseline v_0 feeds no gain (turn_information_gain), so the trajectory is
+            # not scored: in a warm-started SmolLM2 batch these answer-at-once requests were half the scoring tokens.
+            if not bool(scored[i, 1:n].any()):
+                continue
             boundaries = record.boundaries[:n]
             chosen = [s for s in range(min(n, len(boundaries))) if scored[i, s]]
             if not chosen:
