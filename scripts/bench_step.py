@@ -557,11 +557,10 @@ def run_verify(config, side_batch: Batch, scorer: LocalScorer, infra_failure: st
 
 def scoring_work(metrics: dict, batch: Batch, requests: list[tuple[int, int]]) -> str:
     """Where IGPO's answer scoring spends its tokens: every request re-encodes its trajectory up to its last scored
-    boundary; a request with the baseline boundary alone feeds no information gain."""
-    alone = sum(tokens for boundaries, tokens in requests if boundaries == 1)
-    return (f"  IGPO answer scoring: {len(requests)} requests, {int(metrics.get('igpo/scoring_tokens', 0))} tokens "
-            f"(packed: {sum(t for _, t in requests)} through the layers; {alone} of them in the "
-            f"{sum(1 for b, _ in requests if b == 1)} requests with the baseline boundary only), against "
+    boundary; a trajectory without a scored tool turn is not sent (its baseline would feed no information gain)."""
+    return (f"  IGPO answer scoring: {len(requests)} requests for {batch.size} trajectories (the others have no scored "
+            f"tool turn), {int(metrics.get('igpo/scoring_tokens', 0))} tokens (packed: "
+            f"{sum(t for _, t in requests)} through the layers, {sum(b for b, _ in requests)} boundaries), against "
             f"{batch.tokens()} tokens in the batch")
 
 
