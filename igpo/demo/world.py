@@ -31,6 +31,7 @@ import random
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from igpo.agent.records import HOP_TARGETS_KEY
 from igpo.demo.warmstart_config import WarmStartConfig
 
 DATA_SOURCE = "demo_world"
@@ -167,6 +168,13 @@ class World:
         company = self.employer[mentor]
         path = [question.person, mentor, company]
         return path + [self.founder[company]] if question.kind == "chain4" else path
+
+    def hop_targets(self, question: Question) -> list[str]:
+        """The entities a correct trajectory searches, in order (the agent loop records which hops a trajectory got
+        right against them: ``TurnRecord.hop_right``)."""
+        if question.kind in CHAIN_QUESTIONS:
+            return self.chain(question)
+        return [question.person] + ([self.employer[question.person]] if question.kind == "hq" else [])
 
     def passages(self) -> list[dict]:
         """The world's corpus records, one per person and per company."""
@@ -310,20 +318,26 @@ def warm_start_config(max_steps: int | None = None, task: str = "hops", model: s
                            tool_names=("search",), topk=TOPK, examples_per_passage=WARM_START_PLANS)
 
 
-def to_table(questions: list[Question], split: str):
-    """verl RL rows (the schema of data/train_nq_256.parquet) as a pyarrow table."""
+def to_table(questions: list[Question], split: str, world: World):
+    """verl RL rows (the schema of data/train_nq_256.parquet, with the question's chain in ``extra_info.hop_targets``:
+    the entities a correct trajectory searches, in order) as a pyarrow table."""
     import pyarrow as pa
 
     from igpo.demo.titles import parquet_schema
 
+    base = parquet_schema()
+    info = base.field("extra_info").type
+    schema = base.set(base.get_field_index("extra_info"), pa.field("extra_info", pa.struct(
+        list(info) + [pa.field(HOP_TARGETS_KEY, pa.list_(pa.string()))])))
     rows = [{
         "data_source": f"{DATA_SOURCE}_{q.kind}",
         "prompt": [{"content": q.question, "role": "user"}],
         "ability": ABILITY,
         "reward_model": {"ground_truth": q.answer, "style": "rule"},
-        "extra_info": {"index": f"{DATA_SOURCE}_{q.kind}_{q.person}", "split": split},
+        "extra_info": {"index": f"{DATA_SOURCE}_{q.kind}_{q.person}", "split": split,
+                       HOP_TARGETS_KEY: world.hop_targets(q)},
     } for q in questions]
-    return pa.Table.from_pylist(rows, schema=parquet_schema())
+    return pa.Table.from_pylist(rows, schema=schema)
 
 
 def _replace(path: Path, data: bytes) -> None:
@@ -381,7 +395,7 @@ def write_world(out_dir: str | Path, base_corpus: str | Path, config: WorldConfi
         random.Random(f"{config.seed}:{split}").shuffle(questions)
         paths[split] = out_dir / f"{split}.parquet"
         buffer = pa.BufferOutputStream()
-        pq.write_table(to_table(questions, split), buffer)
+        pq.write_table(to_table(questions, split, world), buffer)
         _replace(paths[split], buffer.getvalue().to_pybytes())
     return paths
 
