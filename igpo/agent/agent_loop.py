@@ -39,6 +39,7 @@ import logging
 import math
 import os
 import random
+import re
 import time
 import weakref
 from collections import Counter
@@ -52,6 +53,7 @@ from igpo.agent import failures, protocol
 from igpo.agent.agent_config import AgentLoopConfig, RolloutScoringConfig, info_gain_config_from, plain_section
 from igpo.agent.answer_scoring import AnswerScoring
 from igpo.agent.chat_frame import AgentTemplateError, encode_content, frame_for
+from igpo.agent.records import hop_targets
 from igpo.agent.trajectory import Trajectory
 from igpo.core.ground_truth import Probe, answer_probes, parse_ground_truth
 from igpo.core.outcome import contains_answer
@@ -281,6 +283,7 @@ class IGPOAgentLoop(AgentLoopBase):
             traj.scoring = AnswerScoring(self.server_manager, traj.request_id, self._probes(kwargs),
                                          self.settings.info_gain, self.max_model_len)
         aliases = _aliases(kwargs)
+        targets = hop_targets(kwargs.get("extra_info"))
         max_turns = self._draw_max_turns(traj.seed_key)
 
         prompt_ids = self._render_prompt(messages)
@@ -347,6 +350,8 @@ class IGPOAgentLoop(AgentLoopBase):
             traj.record.final_turn_text = text
 
             if reason is not None or parsed.kind == "answer":
+                if targets:
+                    traj.record.hop_right.append(False)
                 traj.record.tool_names.append(None)
                 traj.record.tool_status.append("answer" if parsed.kind == "answer" else "none")
                 traj.record.format_ok.append(reference_turn_ok(text, final=True) if reference_rules else
@@ -358,6 +363,10 @@ class IGPOAgentLoop(AgentLoopBase):
                 break
 
             name, status, content = await self._act(traj, parsed, seen_calls, j)
+            if targets:  # diagnostics: did this call make the chain's next correct hop (and reach its passage)?
+                reached = sum(traj.record.hop_right)
+                traj.record.hop_right.append(status == "ok" and reached < len(targets)
+                                             and query_names(parsed.arguments, targets[reached]))
             traj.record.tool_names.append(name)
             traj.record.tool_status.append(status)
             traj.record.format_ok.append(reference_turn_ok(text, final=False) if reference_rules else
@@ -525,6 +534,18 @@ def _aliases(kwargs: dict[str, Any]) -> list[str]:
         return parse_ground_truth((kwargs.get("reward_model") or {})["ground_truth"])
     except (KeyError, TypeError, ValueError):
         return []
+
+
+def query_names(arguments: Any, entity: str) -> bool:
+    """Whether a search call's ``query`` (a string or a list of strings) names ``entity`` as a whole word: "@Talven"
+    matches "@Talven" and "who is @Talven?", not "@Talvenor"."""
+    query = arguments.get("query") if isinstance(arguments, dict) else None
+    if isinstance(query, str):
+        queries = [query]
+    else:
+        queries = [q for q in query if isinstance(q, str)] if isinstance(query, list) else []
+    pattern = re.compile(rf"(?<![\w@#]){re.escape(entity)}(?!\w)")
+    return any(pattern.search(q) for q in queries)
 
 
 class NoLimit:

@@ -52,7 +52,11 @@ class TurnRecord:
     ``turn_ends`` (its last generated response token), ``boundaries`` (context length before it: where the answer
     probe of IG is scored), ``tool_names`` (None for an answer or malformed turn), ``tool_status`` (ok, no_results,
     bad_request, infra_error, answer, ...), ``format_ok``, ``answer_logprobs`` (per boundary, per gold alias, when
-    the rollout scored), ``answer_seen`` (per shown observation: it held a gold alias; empty without ground truth)."""
+    the rollout scored), ``answer_seen`` (per shown observation: it held a gold alias; empty without ground truth),
+    ``hop_right`` (per turn, when the sample names its chain's entities (``hop_targets``): the turn is a tool call that
+    named the chain's next entity not reached yet, i.e. it made the next correct hop; False for a wrong hop, an
+    answer or a malformed turn; empty without targets). The k-th True is the chain's hop k; ``sum(hop_right)`` hops
+    were reached."""
 
     turn_ends: list[int] = field(default_factory=list)
     boundaries: list[int] = field(default_factory=list)
@@ -61,6 +65,7 @@ class TurnRecord:
     format_ok: list[bool] = field(default_factory=list)
     answer_logprobs: list[list[float] | None] = field(default_factory=list)
     answer_seen: list[bool] = field(default_factory=list)
+    hop_right: list[bool] = field(default_factory=list)
     infra_errors: int = 0
     forced_final: bool = False
     cutoff: bool = False
@@ -102,7 +107,8 @@ class TurnRecord:
                 values[f.name] = list(value) if isinstance(f.default_factory, type) else value
         # The turn count is the record's own: lists longer than it (an older loop) are cut, no count means no turns.
         num_turns = int(fields.get("igpo_num_turns") or 0)
-        for name in ("turn_ends", "boundaries", "tool_names", "tool_status", "format_ok", "answer_logprobs"):
+        for name in ("turn_ends", "boundaries", "tool_names", "tool_status", "format_ok", "answer_logprobs",
+                     "hop_right"):
             values[name] = values.get(name, [])[:num_turns]
         if "arpo_parent" in fields:
             values["branch"] = BranchRecord(**{
@@ -125,6 +131,20 @@ BRANCH_FIELD_KEYS = tuple(f"arpo_{name}" for name in _BRANCH_FIELDS)
 _QUESTION_KEYS = (_KEY["question"], "question")
 # An optional key a caller may set to say the generation prompt ended with <think> (no loop writes it).
 _THINK_PREFILLED_KEY = "igpo_think_prefilled"
+# The dataset's extra_info key for a chain question's entities, in the order a correct chain searches them.
+HOP_TARGETS_KEY = "hop_targets"
+
+
+def hop_targets(extra_info: Mapping[str, Any] | None) -> list[str]:
+    """The entities a sample's correct chain searches, in order (``extra_info["hop_targets"]``, written by the demo
+    world, igpo/demo/world.py); [] when the dataset names none."""
+    targets = extra_info.get(HOP_TARGETS_KEY) if isinstance(extra_info, Mapping) else None
+    if targets is None:
+        return []
+    if isinstance(targets, str) or not all(isinstance(t, str) and t for t in targets):
+        raise TypeError(f"extra_info[{HOP_TARGETS_KEY!r}] must be a list of non-empty strings (the chain's entities "
+                        f"in search order); got {targets!r}")
+    return list(targets)
 
 
 @dataclass
@@ -133,7 +153,9 @@ class TurnBatch:
     ``rollout.response_length``, dropped: their reward would have no token to sit on), ``turn_ends`` and
     ``format_ok`` [B, T] (T = the batch's largest kept turn count, at least 1), ``tool_names`` / ``tool_status``
     per row (kept turns only), ``infra_failed`` [B, T] (the turn's tool call failed for infrastructure reasons),
-    ``answer_seen`` / ``answer_known`` [B, T]; ``tree``: the rows' ARPO tree records."""
+    ``answer_seen`` / ``answer_known`` [B, T]; ``hop_right`` [B, T] (the turn made its chain's next correct hop) and
+    ``hop_known`` [B] (the row's sample named its chain: ``hop_right`` means something); ``tree``: the rows' ARPO tree
+    records."""
 
     records: list[TurnRecord]
     num_turns: Tensor
@@ -144,6 +166,8 @@ class TurnBatch:
     infra_failed: Tensor
     answer_seen: Tensor
     answer_known: Tensor
+    hop_right: Tensor
+    hop_known: Tensor
     tree: TreeBatch
 
     @property
@@ -166,6 +190,8 @@ class TurnBatch:
         infra_failed = torch.zeros(B, T, dtype=torch.bool)
         seen = torch.zeros(B, T, dtype=torch.bool)
         known = torch.zeros(B, T, dtype=torch.bool)
+        hop_right = torch.zeros(B, T, dtype=torch.bool)
+        hop_known = torch.tensor([bool(r.hop_right) for r in records], dtype=torch.bool)
         tool_names, tool_status = [], []
         for i, (r, ends) in enumerate(zip(records, kept)):
             n = len(ends)
@@ -182,8 +208,11 @@ class TurnBatch:
             if flags:
                 seen[i, :len(flags)] = torch.tensor(flags)
                 known[i, :len(flags)] = True
+            hops = [bool(v) for v in r.hop_right[:n]]
+            if hops:
+                hop_right[i, :len(hops)] = torch.tensor(hops)
         return cls(records, num_turns, turn_ends, format_ok, tool_names, tool_status, infra_failed, seen, known,
-                   TreeBatch.from_records(records))
+                   hop_right, hop_known, TreeBatch.from_records(records))
 
     def answer_logprobs(self, alias_mode: str) -> Tensor:
         """[B, T] float64: the rollout's log-probability of the gold answer at each kept turn's boundary, its aliases

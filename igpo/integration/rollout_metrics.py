@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from igpo.agent.records import TreeBatch, TurnBatch
 from igpo.core import arpo as arpo_core
@@ -39,7 +40,30 @@ def rollout_metrics(turns: TurnBatch) -> dict[str, float]:
         "igpo/context_overflow_ratio": share("context_overflow"),
         "health/format_ok_turn_share": float(np.mean(checked)) if checked else 0.0,
         **turn_health(r.tool_status for r in records),
+        **hop_metrics(turns),
     }
+
+
+def hop_metrics(turns: TurnBatch, max_hop: int = 4) -> dict[str, float]:
+    """Chain progress of the rows whose sample names its chain (``TurnBatch.hop_known``; empty when none does), for
+    k = 1..``max_hop``: ``hop/reach<k>``, the share of those trajectories that made k correct hops; and, by the k-th
+    tool call of a trajectory, ``hop/call<k>_right`` and ``hop/call<k>_wrong``, the share of trajectories whose k-th
+    call made the chain's next correct hop or did not (their sum: the share that made a k-th call)."""
+    rows = turns.hop_known
+    count = int(rows.sum())
+    if not count:
+        return {}
+    called = torch.tensor([[name is not None for name in names] + [False] * (turns.width - len(names))
+                           for names in turns.tool_names], dtype=torch.bool)[rows]
+    right = turns.hop_right[rows] & called
+    rank = torch.where(called, called.long().cumsum(1), 0)  # the turn's rank among the row's tool calls
+    reached = right.sum(1)
+    out = {}
+    for k in range(1, max_hop + 1):
+        out[f"hop/reach{k}"] = float((reached >= k).sum()) / count
+        out[f"hop/call{k}_right"] = float((right & (rank == k)).sum()) / count
+        out[f"hop/call{k}_wrong"] = float((~right & (rank == k)).sum()) / count
+    return out
 
 
 def arpo_metrics(tree: TreeBatch) -> dict[str, float]:

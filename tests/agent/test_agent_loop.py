@@ -109,13 +109,13 @@ def make_loop(tokenizer, server, tools, *, agent=None, igpo=None, prompt_length=
     )
 
 
-async def rollout(tokenizer, policy, tools=None, question=QUESTION, server_cls=None, **kwargs):
+async def rollout(tokenizer, policy, tools=None, question=QUESTION, server_cls=None, extra_info=None, **kwargs):
     tools = tools or FakeTools()
     server = (server_cls or FakeServer)(tokenizer, policy, tokenizer.convert_tokens_to_ids("<|im_end|>"))
     loop = make_loop(tokenizer, server, tools, **kwargs)
     out = await loop.run({"temperature": 1.0, "logprobs": True}, raw_prompt=question,
                          reward_model={"ground_truth": "Ada<|answer_split|>Ada Lovelace"}, data_source="t",
-                         extra_info={}, index=0, uid="u0", global_steps=7)
+                         extra_info=extra_info or {}, index=0, uid="u0", global_steps=7)
     return out, server, tools, loop
 
 
@@ -640,6 +640,46 @@ async def test_answer_seen_records_whether_the_shown_observation_held_a_gold_ali
     out, *_ = await rollout(tiny_tokenizer, scripted(search("q"), ANSWER), tools=tools,
                             agent={"max_observation_tokens": 32})
     assert out.extra_fields["igpo_answer_seen"] == [False]
+
+
+async def test_hop_right_records_which_calls_made_the_chains_next_correct_hop(tiny_tokenizer):
+    from igpo.agent.records import TurnBatch, TurnRecord
+    from igpo.integration.rollout_metrics import rollout_metrics
+
+    chain = {"hop_targets": ["@Talven", "@Mora", "#Quorvane"]}
+    # right, wrong (a distractor), wrong (skips a hop: the chain's third entity before its second), right, then
+    # a call whose query names the next entity inside a longer one, and the answer.
+    turns = (search("@Talven"), search("#Brask"), search("#Quorvane"), search("who is @Mora?"), search("@Morafen"),
+             ANSWER)
+    out, *_ = await rollout(tiny_tokenizer, scripted(*turns), extra_info=chain, agent={"max_turns": 8})
+    assert out.extra_fields["igpo_hop_right"] == [True, False, False, True, False, False]
+    # A call that names the next entity but fails for infrastructure reasons does not reach it.
+    tools = FakeTools(lambda name, args: Result(False, "", error_kind="infra"))
+    failed, *_ = await rollout(tiny_tokenizer, scripted(search("@Talven"), ANSWER), tools=tools, extra_info=chain)
+    assert failed.extra_fields["igpo_hop_right"] == [False, False]
+    # Without targets nothing is recorded (an empty list, like answer_seen without ground truth).
+    plain, *_ = await rollout(tiny_tokenizer, scripted(search("@Talven"), ANSWER))
+    assert plain.extra_fields["igpo_hop_right"] == []
+
+    batch = TurnBatch.from_records([TurnRecord.from_extra_fields(o.extra_fields) for o in (out, failed, plain)],
+                                   length=4096)
+    assert batch.hop_known.tolist() == [True, True, False]
+    assert batch.hop_right[0, :6].tolist() == [True, False, False, True, False, False]
+    metrics = rollout_metrics(batch)  # over the two rows that name their chain
+    assert (metrics["hop/reach1"], metrics["hop/reach2"], metrics["hop/reach3"]) == (0.5, 0.5, 0.0)
+    assert (metrics["hop/call1_right"], metrics["hop/call1_wrong"]) == (0.5, 0.5)
+    assert (metrics["hop/call2_right"], metrics["hop/call2_wrong"]) == (0.0, 0.5)
+    assert (metrics["hop/call4_right"], metrics["hop/call4_wrong"]) == (0.5, 0.0)
+    assert not any(key.startswith("hop/") for key in rollout_metrics(TurnBatch.from_records(
+        [TurnRecord.from_extra_fields(plain.extra_fields)], length=4096)))
+
+
+def test_hop_targets_must_be_a_list_of_names():
+    from igpo.agent.records import hop_targets
+
+    assert hop_targets({"hop_targets": ["@A", "#B"]}) == ["@A", "#B"] and hop_targets({}) == hop_targets(None) == []
+    with pytest.raises(TypeError, match="hop_targets.*list of non-empty strings"):
+        hop_targets({"hop_targets": "@A"})
 
 
 async def test_an_empty_first_turn_ends_on_its_untrained_end_token_and_trains(tiny_tokenizer):

@@ -43,6 +43,10 @@ def test_written_world_retrieves_every_entity_and_splits_people(tmp_path):
     assert not any(row["prompt"][0]["content"].split()[-1] in val_people for row in train)
     hq = next(q for q in world.questions("val") if q.kind == "hq")
     assert hq.answer == world.hq[world.employer[hq.person]]
+    # every row names the entities its correct searches name, in order (the loop's hop_right is read against them)
+    targets = {row["extra_info"]["index"]: row["extra_info"]["hop_targets"] for row in train + val}
+    assert targets[f"demo_world_hq_{hq.person}"] == [hq.person, world.employer[hq.person]]
+    assert targets[f"demo_world_employer_{hq.person}"] == [hq.person]
     assert paths["vocabulary"].read_text().split() == world.vocabulary()
     practice_text = paths["practice_corpus"].read_text()
     person = world.split("val")[0]
