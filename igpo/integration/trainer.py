@@ -215,10 +215,11 @@ class IGPOTrainerSync(RunControl, CheckpointState, PPOTrainerSync):
 
     def _val_metrics_update(self, data_sources, sample_uids, reward_extra_infos_dict, sample_turns, *args, **kwargs):
         """verl's per-data-source validation metrics, plus the mean over every validation sample (``val-core/all/f1``,
-        ``val-core/all/score``): the one number the launcher prints before and after training."""
+        ``val-core/all/score``, and ``val-core/all/em`` where the reward reports it): the one number the launcher
+        prints before and after training; with ``val_kwargs.n`` samples per question it is the avg@n."""
         metrics = super()._val_metrics_update(data_sources, sample_uids, reward_extra_infos_dict, sample_turns, *args,
                                               **kwargs)
-        for key in ("f1", "score"):
+        for key in ("f1", "score", "em"):
             values = reward_extra_infos_dict.get(key)
             if values is not None and len(values):
                 metrics[f"val-core/all/{key}"] = float(np.mean(np.asarray(values, dtype=np.float64)))

@@ -47,7 +47,8 @@ def test_an_unclaimed_name_is_verls_estimator_and_the_pipeline_gives_verls_grpo_
     # The metrics of verl's path: the rollout metrics, the outcome share and the (empty) infra policy; no arpo/*.
     turns = TurnBatch.from_records(records, mask.shape[1])
     assert set(out.metrics) == {*rollout_metrics(turns), "outcome/same_outcome_group_share",
-                                "igpo/infra_masked_trajectories", "igpo/infra_masked_turns"}
+                                "outcome/success_share", "igpo/infra_masked_trajectories", "igpo/infra_masked_turns"}
+    assert out.metrics["outcome/success_share"] == 0.5  # outcomes 1, 0, 0.5, 1, 1, 0: a partial F1 is no success
     assert out.metrics["igpo/infra_masked_trajectories"] == out.metrics["igpo/infra_masked_turns"] == 0.0
     assert out.metrics["igpo/tool_calls"] == 6.0
 
