@@ -313,17 +313,23 @@ def ig_by_answer_seen(ig: Tensor, ig_mask: Tensor, answer_seen: Tensor) -> dict[
     return out
 
 
-def ig_by_hop(ig: Tensor, ig_mask: Tensor, hop: Tensor, max_hop: int = 4) -> dict[str, float]:
+def ig_by_hop(ig: Tensor, ig_mask: Tensor, hop: Tensor, max_hop: int = 4, right: Tensor | None = None,
+              known: Tensor | None = None) -> dict[str, float]:
     """Information gain of the k-th tool call of a trajectory, k = 1..``max_hop``: on a chain task, where IG credits
     a necessary step that does not yet show the answer (the first searches of a chain lower the answer's
     probability while they name only the next entity).
 
     Args: ig, ig_mask [B, S-1] from ``turn_information_gain``; hop [B, S-1] long, turn j's rank among the
-    trajectory's tool calls (1 = its first; 0 = not a tool call). Returns ig_hop<k>_mean (NaN when no such turn
-    carries IG), ig_hop<k>_negative_share (of those turns, IG < 0) and ig_hop<k>_count.
+    trajectory's tool calls (1 = its first; 0 = not a tool call); right [B, S-1] bool (optional), turn j made its
+    chain's next correct hop (``TurnBatch.hop_right``), over the rows ``known`` [B] bool (default: every row) whose
+    sample names its chain. Returns ig_hop<k>_mean (NaN when no such turn carries IG), ig_hop<k>_negative_share (of
+    those turns, IG < 0) and ig_hop<k>_count; with ``right`` also ig_hop<k>_right_mean / _right_count and
+    ig_hop<k>_wrong_mean / _wrong_count, the k-th calls that were a correct hop and those that were not.
     """
     if hop.shape != ig.shape:
         raise ValueError(f"hop must be {tuple(ig.shape)} like ig; got {tuple(hop.shape)}.")
+    if right is not None and (right.shape != ig.shape or right.dtype != torch.bool):
+        raise ValueError(f"right must be bool {tuple(ig.shape)} like ig; got {right.dtype} {tuple(right.shape)}.")
     out = {}
     for k in range(1, max_hop + 1):
         rows = ig_mask & (hop == k)
@@ -332,4 +338,11 @@ def ig_by_hop(ig: Tensor, ig_mask: Tensor, hop: Tensor, max_hop: int = 4) -> dic
         out[f"ig_hop{k}_mean"] = float(values.mean()) if count else float("nan")
         out[f"ig_hop{k}_negative_share"] = float((values < 0).double().mean()) if count else float("nan")
         out[f"ig_hop{k}_count"] = float(count)
+        if right is None:
+            continue
+        split = rows if known is None else rows & known[:, None]
+        for name, part in (("right", split & right), ("wrong", split & ~right)):
+            n = int(part.sum())
+            out[f"ig_hop{k}_{name}_mean"] = float(ig[part].double().mean()) if n else float("nan")
+            out[f"ig_hop{k}_{name}_count"] = float(n)
     return out

@@ -292,6 +292,16 @@ def test_ig_by_hop_reports_each_tool_calls_rank_and_never_an_empty_mean_as_zero(
     assert out["ig_hop1_negative_share"] == 0.5 and out["ig_hop2_negative_share"] == 1.0
     assert out["ig_hop3_mean"] == pytest.approx(2.0) and out["ig_hop4_count"] == 0.0
     assert math.isnan(out["ig_hop4_mean"]) and math.isnan(out["ig_hop4_negative_share"])
+    assert "ig_hop1_right_mean" not in out  # no split without the hop record
+    # Split by correct and wrong hop, over the rows whose sample names its chain (row 1 does not).
+    right = torch.tensor([[True, False, True], [True, False, False]])
+    split = ig_by_hop(ig, mask, hop, max_hop=4, right=right, known=torch.tensor([True, False]))
+    assert (split["ig_hop1_right_count"], split["ig_hop1_right_mean"]) == (1.0, -0.5)
+    assert split["ig_hop1_wrong_count"] == 0.0 and math.isnan(split["ig_hop1_wrong_mean"])
+    assert (split["ig_hop2_wrong_count"], split["ig_hop2_wrong_mean"]) == (1.0, pytest.approx(-0.2))
+    assert split["ig_hop3_right_mean"] == pytest.approx(2.0) and split["ig_hop1_count"] == 2.0
+    with pytest.raises(ValueError, match="right must be bool"):
+        ig_by_hop(ig, mask, hop, right=right.long())
     with pytest.raises(ValueError, match="hop must be"):
         ig_by_hop(ig, mask, hop[:, :2])
 

@@ -190,6 +190,18 @@ def test_information_gain_is_reported_by_whether_the_observation_held_the_answer
     assert metrics["igpo/ig_mean_answer_unseen"] == pytest.approx((0.5 - 0.5 + 0.5) / 3)
 
 
+def test_information_gain_by_hop_is_split_by_correct_and_wrong_hop_when_the_samples_name_their_chain():
+    extras, *rest = _records([(-3.0, -1.0, -0.5), (-3.0, -3.5, -4.0)])  # hop-2 IG: +0.5 and -0.5
+    _, plain = _run(_trainer(), (extras, *rest))
+    assert "igpo/ig_hop1_right_count" not in plain
+    hops = ([True, True, False], [True, False, False])  # row 1: its second search was a wrong hop
+    chained = [{**e, "igpo_hop_right": list(h)} for e, h in zip(extras, hops)]
+    _, metrics = _run(_trainer(), (chained, *rest))
+    assert (metrics["igpo/ig_hop1_right_count"], metrics["igpo/ig_hop1_wrong_count"]) == (2.0, 0.0)
+    assert metrics["igpo/ig_hop2_right_mean"] == pytest.approx(0.5)
+    assert metrics["igpo/ig_hop2_wrong_mean"] == pytest.approx(-0.5)
+
+
 def test_unknown_estimator_is_a_configuration_error():
     from igpo.config import ConfigError
     from igpo.integration.estimator import check_estimator

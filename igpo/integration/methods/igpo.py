@@ -81,12 +81,15 @@ class IGPOMethod(Method):
         tool_turn = torch.arange(T - 1)[None, :] < (num_turns[:, None] - 1)
         ig_stats.update(ig_by_answer_seen(ig, ig_turn_mask & tool_turn & turns.answer_known[:, :-1],
                                           turns.answer_seen[:, :-1]))
-        # The k-th tool call's IG (a chain's first searches are necessary and do not show the answer yet).
+        # The k-th tool call's IG (a chain's first searches are necessary and do not show the answer yet), split by
+        # correct and wrong hop where the samples name their chain.
         called = torch.zeros(B, T, dtype=torch.long)
         for i, names in enumerate(turns.tool_names):
             called[i, :len(names)] = torch.tensor([name is not None for name in names], dtype=torch.long)
         hop = torch.where(called.bool(), called.cumsum(1), 0)[:, :-1]
-        ig_stats.update(ig_by_hop(ig, ig_turn_mask & tool_turn, hop))
+        split = bool(turns.hop_known.any())
+        ig_stats.update(ig_by_hop(ig, ig_turn_mask & tool_turn, hop, right=turns.hop_right[:, :-1] if split else None,
+                                  known=turns.hop_known if split else None))
         penalty, answer_penalty = turn_format_penalty(turns.format_ok, num_turns, cfg.info_gain)
         if not gate_open:
             ig_turn_mask = torch.zeros_like(ig_turn_mask)
