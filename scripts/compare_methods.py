@@ -17,11 +17,21 @@ Outputs (``--out``, default ``results/cpu_compare``):
                   of the k-th tool call pooled over steps and seeds (methods that log it: IGPO's), and the
                   sample-efficiency line (steps for IGPO's mean curve
                   to reach GRPO's final mean validation F1, or that it does not get there)
+    paired.csv    one row per (method, seed): the primary measure (``--primary``, default on-policy training success
+                  ``outcome/success_share``, averaged over the second half of the run's steps), the baseline's at the
+                  same seed, and their difference
+    train_success.png  the primary metric per step: the mean over seeds per method, with the 95% t interval shaded
     runs/<method>-s<seed>/   each run's train.log and tool-server log (checkpoints are not kept)
+
+The summary opens with the primary measure: each method's per-seed values, and its paired difference against
+``--baseline`` (GRPO) with a 95% paired t interval and a bootstrap interval beside it (``igpo/eval/paired.py``); then the
+per-hop reach and the k-th call split by correct and wrong hop where the task names its chains (``hop/*``), and
+information gain by hop split the same way.
 
 Usage:
     python scripts/compare_methods.py                      # grpo igpo infopo arpo, seeds 0 1 2, 20 steps, val every 10
     python scripts/compare_methods.py --methods grpo,igpo --seeds 0,1,2,3 --steps 10 -- data.train_batch_size=8
+    python scripts/compare_methods.py --val-samples 4 --val-temperature 1.0 ...   # sampled validation, avg@4
 Everything after ``--`` is passed to every run (Hydra overrides). A failed run stops the script with its log tail;
 ``--resume`` keeps finished runs (a run directory with a parsed final step) and runs only the missing ones.
 ``--jobs 2`` runs two at a time (each run's torch work is single-threaded, the rest is mostly serial Python and
@@ -44,6 +54,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from igpo.eval.paired import mean_interval, paired_difference
+
 ROOT = Path(__file__).resolve().parent.parent
 
 # What makes each method; everything else is the CPU demo's configuration (configs/cpu_demo.yaml).
@@ -54,7 +66,13 @@ METHODS: dict[str, list[str]] = {
     "gigpo": ["algorithm.adv_estimator=gigpo"],
     "arpo": ["algorithm.adv_estimator=grpo", "algorithm.arpo.enabled=true"],
     "igpo_arpo": ["algorithm.adv_estimator=igpo", "algorithm.arpo.enabled=true"],
+    # IGPO with telescoped chain credit: raw rewards discounted into per-boundary returns with gamma = 1, then
+    # z-scored (norm_order=after_discount), so every hop of a chain that reaches the answer shares the chain's gain
+    # (docs/methods/igpo.md, the normalisation order).
+    "igpo_telescoped": ["algorithm.adv_estimator=igpo", "algorithm.igpo.norm_order=after_discount",
+                        "algorithm.gamma=1.0"],
 }
+PRIMARY = "outcome/success_share"
 STEP_LINE = re.compile(r"step:(\d+) - (.*)")
 METRIC = re.compile(r"([A-Za-z0-9_@/\-.]+):(-?[0-9.]+(?:[eE][-+]?[0-9]+)?|nan|inf)")
 
@@ -89,6 +107,19 @@ def tool_calls_per_trajectory(metrics: dict[str, float]) -> float:
     measure for every method (the tool server's ``tools/calls`` also counts the validation rollouts)."""
     turns = metrics.get("igpo/turns_mean")
     return turns - 1.0 if turns is not None else math.nan
+
+
+def validation_overrides(samples: int, temperature: float) -> list[str]:
+    """verl's validation sampling: ``samples`` per held-out question at ``temperature`` (0: greedy, verl's default;
+    the trainer's ``val-core/all/*`` is then the avg@samples)."""
+    if samples < 1 or temperature < 0:
+        raise ValueError(f"validation: {samples} samples at temperature {temperature}; give samples >= 1 and a "
+                         "temperature >= 0")
+    if samples == 1 and temperature == 0:
+        return []
+    return [f"actor_rollout_ref.rollout.val_kwargs.n={samples}",
+            f"actor_rollout_ref.rollout.val_kwargs.temperature={temperature}",
+            f"actor_rollout_ref.rollout.val_kwargs.do_sample={'true' if temperature > 0 else 'false'}"]
 
 
 def run_one(run: Run, steps: int, val_every: int, extra: list[str], timeout_s: float) -> None:
@@ -165,6 +196,51 @@ def first_step_at(run: Run, target: float) -> int | None:
     return steps_to_reach(mean_curve([run], "val-core/all/f1"), target)
 
 
+def second_half_mean(run: Run, key: str, steps: int) -> float:
+    """The mean of ``key`` over the run's training steps in the second half (steps > steps // 2); NaN when a step
+    there lacks it (a run that did not log the metric is not averaged over fewer steps)."""
+    values = [run.steps.get(step, {}).get(key, math.nan) for step in range(steps // 2 + 1, steps + 1)]
+    return statistics.fmean(values) if values and all(math.isfinite(v) for v in values) else math.nan
+
+
+def step_band(group: list[Run], key: str) -> dict[int, tuple[float, float, float]]:
+    """step -> (mean, low, high) over the seeds of ``group``: the 95% t interval of ``key``, at the training steps
+    every seed logged it."""
+    return {step: mean_interval(values) for step, values in mean_curve(group, key).items() if step > 0}
+
+
+def hop_reach(group: list[Run]) -> list[tuple[int, float, float, float]]:
+    """Chain progress over every training step and seed of ``group`` (``hop/*`` of the rollout metrics): per hop k,
+    (k, share of trajectories that made k correct hops, share whose k-th call was a correct hop, ... a wrong one)."""
+    rows = []
+    for k in range(1, 9):
+        cells = []
+        for name in (f"hop/reach{k}", f"hop/call{k}_right", f"hop/call{k}_wrong"):
+            values = [m[name] for run in group for step, m in run.steps.items()
+                      if step > 0 and name in m and math.isfinite(m[name])]
+            cells.append(statistics.fmean(values) if values else math.nan)
+        if all(math.isnan(c) for c in cells):
+            break
+        rows.append((k, *cells))
+    return rows
+
+
+def hop_ig_split(group: list[Run]) -> list[tuple[int, str, float, float]]:
+    """Information gain of the k-th tool call split by correct and wrong hop (``igpo/ig_hop<k>_right_*`` and
+    ``_wrong_*``), pooled over steps and seeds weighting each step's mean by its turn count: (k, part, turns, mean)."""
+    pooled: dict[tuple[int, str], list[float]] = {}
+    for run in group:
+        for metrics in run.steps.values():
+            for key, count in metrics.items():
+                match = re.fullmatch(r"igpo/ig_hop(\d+)_(right|wrong)_count", key)
+                mean = metrics.get(key.replace("_count", "_mean"), math.nan) if match else math.nan
+                if match and count > 0 and math.isfinite(mean):
+                    total = pooled.setdefault((int(match.group(1)), match.group(2)), [0.0, 0.0])
+                    total[0] += count
+                    total[1] += mean * count
+    return [(k, part, n, m / n) for (k, part), (n, m) in sorted(pooled.items())]
+
+
 def hop_table(group: list[Run]) -> list[tuple[int, float, float, float]]:
     """Information gain of the k-th tool call of a trajectory (``igpo/ig_hop<k>_*``), pooled over every step and seed
     of ``group``, weighting each step's mean and negative share by its turn count: (k, turns, mean, share < 0)."""
@@ -210,18 +286,34 @@ def data_hash(task: str = "hops") -> str:
 def write_outputs(out: Path, runs: dict[str, list[Run]], args: argparse.Namespace, trajectories: int) -> str:
     with (out / "steps.csv").open("w", newline="") as handle:
         writer = csv.writer(handle)
-        writer.writerow(["method", "seed", "step", "train_score", "val_f1", "tool_calls_per_trajectory", "step_s"])
+        writer.writerow(["method", "seed", "step", "train_score", "val_f1", "tool_calls_per_trajectory", "step_s",
+                         "success_share", "same_outcome_group_share", "val_em"])
         for method, group in runs.items():
             for run in group:
                 for step, m in sorted(run.steps.items()):
                     cells = [m.get("critic/score/mean"), m.get("val-core/all/f1"),
                              tool_calls_per_trajectory(m) if "critic/score/mean" in m else None,
-                             m.get("timing_s/step")]
+                             m.get("timing_s/step"), m.get(PRIMARY), m.get("outcome/same_outcome_group_share"),
+                             m.get("val-core/all/em")]
                     writer.writerow([method, run.seed, step] + ["" if c is None or not math.isfinite(c) else
                                                                 f"{c:.4f}" for c in cells])
 
     curves = {method: mean_curve(group, "val-core/all/f1") for method, group in runs.items()}
     _plot(out / "val_f1.png", curves, args, f"CPU demo ({demo_task(args.extra)}), {len(args.seeds)} seeds per method")
+    primary, baseline = getattr(args, "primary", PRIMARY), getattr(args, "baseline", "grpo")
+    bands = {method: step_band(group, primary) for method, group in runs.items()}
+    if any(bands.values()):
+        _plot_bands(out / "train_success.png", bands, primary,
+                    f"CPU demo ({demo_task(args.extra)}), {len(args.seeds)} seeds per method")
+    half = {method: [second_half_mean(run, primary, args.steps) for run in group] for method, group in runs.items()}
+    with (out / "paired.csv").open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["method", "seed", "primary", f"{baseline}_primary", "difference"])
+        for method, group in runs.items():
+            for index, run in enumerate(group):
+                base = half[baseline][index] if baseline in half else math.nan
+                writer.writerow([method, run.seed] + [f"{v:.4f}" if math.isfinite(v) else "" for v in
+                                                      (half[method][index], base, half[method][index] - base)])
 
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                             text=True).stdout.strip() or "unknown"
@@ -252,6 +344,7 @@ def write_outputs(out: Path, runs: dict[str, list[Run]], args: argparse.Namespac
                  f"{args.jobs} run{'s' if args.jobs > 1 else ''} at a time"
                  f"{' (wall s / run: each run start to end, beside another)' if args.jobs > 1 else ''}.")
     lines.append("")
+    lines += primary_section(half, primary, baseline, args.steps, [r.seed for r in next(iter(runs.values()))])
 
     target = args.target
     lines += [f"## Steps to a mean validation F1 of {target}", "",
@@ -293,6 +386,25 @@ def write_outputs(out: Path, runs: dict[str, list[Run]], args: argparse.Namespac
             lines += [f"| {method} | {k} | {n:.0f} | {mean:+.3f} | {negative:.2f} |" for k, n, mean, negative in table]
         lines.append("")
 
+    reach = {method: table for method, group in runs.items() if (table := hop_reach(group))}
+    if reach:
+        lines += ["## Chain progress by hop", "",
+                  "Over every training step and seed: the share of trajectories that made k correct hops, and the "
+                  "share whose k-th tool call was the chain's next correct hop or was not (`hop/*`).", "",
+                  "| method | hop k | reached k hops | k-th call right | k-th call wrong |", "|---|---|---|---|---|"]
+        for method, table in reach.items():
+            lines += [f"| {method} | {k} | {r:.3f} | {right:.3f} | {wrong:.3f} |" for k, r, right, wrong in table]
+        lines.append("")
+    split = {method: table for method, group in runs.items() if (table := hop_ig_split(group))}
+    if split:
+        lines += ["## Information gain by hop, correct and wrong hops apart", "",
+                  "IG of the k-th tool call (`igpo/ig_hop<k>_right_*`, `_wrong_*`), pooled over steps and seeds, "
+                  "each step weighted by its turn count.", "",
+                  "| method | hop | correct or wrong | turns | mean IG |", "|---|---|---|---|---|"]
+        for method, table in split.items():
+            lines += [f"| {method} | {k} | {part} | {n:.0f} | {mean:+.3f} |" for k, part, n, mean in table]
+        lines.append("")
+
     if "grpo" in curves and "igpo" in curves and curves["grpo"]:
         target = statistics.fmean(curves["grpo"][max(curves["grpo"])])
         start = statistics.fmean(curves["grpo"][min(curves["grpo"])])
@@ -307,6 +419,57 @@ def write_outputs(out: Path, runs: dict[str, list[Run]], args: argparse.Namespac
     summary = "\n".join(lines) + "\n"
     (out / "summary.md").write_text(summary)
     return summary
+
+
+def primary_section(half: dict[str, list[float]], primary: str, baseline: str, steps: int,
+                    seeds: list[int]) -> list[str]:
+    """The summary's headline: each method's ``primary`` over the second half of its run, per seed, and its paired
+    difference against ``baseline`` (the 95% paired t interval; the bootstrap's beside it)."""
+    first = steps // 2 + 1
+    lines = [f"## Primary measure: `{primary}` over steps {first}-{steps}, paired by seed against {baseline}", "",
+             f"Each run's mean of `{primary}` over its training steps {first}-{steps}; the difference is the method's "
+             f"minus {baseline}'s at the same seed (seeds {', '.join(map(str, seeds))}), with its 95% paired t "
+             "interval and a percentile bootstrap interval beside it (igpo/eval/paired.py).", "",
+             "| method | per seed | mean [95% CI] | difference vs " + baseline + " [95% paired t] (bootstrap) |",
+             "|---|---|---|---|"]
+    for method, values in half.items():
+        finite = [v for v in values if math.isfinite(v)]
+        per_seed = ", ".join(f"{v:.3f}" if math.isfinite(v) else "-" for v in values)
+        if not finite:
+            lines.append(f"| {method} | {per_seed} | n/a (the runs did not log `{primary}`) | n/a |")
+            continue
+        mean, low, high = mean_interval(finite)
+        if method == baseline or baseline not in half:
+            versus = "(the baseline)" if method == baseline else f"n/a (no {baseline} runs)"
+        else:
+            pairs = [(m, b) for m, b in zip(values, half[baseline]) if math.isfinite(m) and math.isfinite(b)]
+            versus = (paired_difference([m for m, _ in pairs], [b for _, b in pairs]).describe()
+                      if len(pairs) >= 2 else f"n/a ({len(pairs)} paired seed(s))")
+        lines.append(f"| {method} | {per_seed} | {mean:.3f} [{low:.3f}, {high:.3f}] | {versus} |")
+    lines.append("")
+    return lines
+
+
+def _plot_bands(path: Path, bands: dict[str, dict[int, tuple[float, float, float]]], key: str, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for method, band in bands.items():
+        if not band:
+            continue
+        steps = list(band)
+        ax.plot(steps, [m for m, _, _ in band.values()], label=method)
+        ax.fill_between(steps, [lo for _, lo, _ in band.values()], [hi for _, _, hi in band.values()], alpha=0.2)
+    ax.set_xlabel("training step")
+    ax.set_ylabel(f"{key} (mean over seeds; band: 95% t interval)")
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 def _plot(path: Path, curves: dict[str, dict[int, list[float]]], args: argparse.Namespace, title: str) -> None:
@@ -357,6 +520,14 @@ def main() -> None:
     parser.add_argument("--target", type=float, default=0.25,
                         help="the summary's primary figure: the first step at which each method's mean validation F1 "
                              "reaches this")
+    parser.add_argument("--primary", default=PRIMARY,
+                        help="the summary's primary measure: this training metric averaged over the second half of "
+                             "each run, paired by seed against --baseline")
+    parser.add_argument("--baseline", default="grpo", help="the method the paired differences are taken against")
+    parser.add_argument("--val-samples", type=int, default=1,
+                        help="samples per held-out question at validation (verl's val_kwargs.n; the figure is avg@N)")
+    parser.add_argument("--val-temperature", type=float, default=0.0,
+                        help="validation temperature (0: greedy, verl's default; 1.0: the policy as it samples)")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per run before it is killed")
     parser.add_argument("--jobs", type=int, default=1, choices=(1, 2),
                         help="runs at a time: 2 overlaps one run's start-up and serial Python with the other's work "
@@ -378,6 +549,10 @@ def main() -> None:
     except ImportError:
         parser.error("matplotlib is not installed in this Python; run the script with .venv/bin/python (created by "
                      "bash scripts/test.sh or train_igpo.sh) or pip install matplotlib")
+    try:
+        args.extra = validation_overrides(args.val_samples, args.val_temperature) + args.extra
+    except ValueError as error:
+        parser.error(f"--val-samples/--val-temperature: {error}")
     trajectories = _trajectories_per_step(args.extra)
 
     args.out.mkdir(parents=True, exist_ok=True)

@@ -137,3 +137,66 @@ def test_the_comparisons_wall_time_counts_overlapping_runs_once_and_gaps_not_at_
             compare.Run("igpo", 0, tmp_path, wall_s=30.0)]
     assert compare.comparison_wall_s(runs) == pytest.approx(120.0 + 50.0 + 30.0)
     assert compare.comparison_wall_s([run(0.0, 100.0, 100.0), run(100.0, 150.0, 50.0)]) == pytest.approx(150.0)
+
+
+def test_the_primary_measure_is_the_second_half_mean_paired_by_seed_against_grpo(tmp_path):
+    # 4 steps: the second half is steps 3-4. GRPO's success there: 0.10, 0.20, 0.30 by seed; IGPO's 0.05 more at
+    # every seed but seed 2 (0.10 more): differences 0.05, 0.05, 0.10.
+    runs = {"grpo": [_run("grpo", s, tmp_path, {0: 0.0, 4: 0.1}) for s in range(3)],
+            "igpo": [_run("igpo", s, tmp_path, {0: 0.0, 4: 0.1}) for s in range(3)]}
+    for method, group in runs.items():
+        for seed, run in enumerate(group):
+            for step in range(1, 5):
+                late = 0.1 * (seed + 1) + (method == "igpo") * (0.10 if seed == 2 else 0.05)
+                run.steps.setdefault(step, {})["outcome/success_share"] = late if step > 2 else 0.5
+    runs["igpo"][1].steps[1].pop("outcome/success_share")  # the first half is not read
+    args = argparse.Namespace(steps=4, val_every=4, seeds=[0, 1, 2], extra=[], target=0.25, jobs=1)
+    summary = compare.write_outputs(tmp_path, runs, args, trajectories=8)
+    assert "## Primary measure: `outcome/success_share` over steps 3-4, paired by seed against grpo" in summary
+    assert "| grpo | 0.100, 0.200, 0.300 | 0.200 [-0.048, 0.448] | (the baseline) |" in summary
+    # differences 0.05, 0.05, 0.10: mean 0.0667, sd 0.0289, t(0.975, 2) = 4.303: half-width 0.0717
+    assert "| igpo | 0.150, 0.250, 0.400 | 0.267 [" in summary and "| +0.067 [-0.005, +0.138] (bootstrap [" in summary
+    rows = list(csv.DictReader((tmp_path / "paired.csv").open()))
+    assert [(r["method"], r["seed"], r["difference"]) for r in rows[3:]] == [
+        ("igpo", "0", "0.0500"), ("igpo", "1", "0.0500"), ("igpo", "2", "0.1000")]
+    assert (tmp_path / "train_success.png").stat().st_size > 1000
+    steps = list(csv.DictReader((tmp_path / "steps.csv").open()))
+    assert steps[1]["success_share"] == "0.5000" and steps[0]["success_share"] == ""
+
+
+def test_a_run_missing_the_primary_metric_in_the_second_half_is_not_averaged_over_fewer_steps(tmp_path):
+    run = _run("grpo", 0, tmp_path, {0: 0.0})
+    run.steps.update({3: {"outcome/success_share": 0.2}, 4: {}})
+    assert math.isnan(compare.second_half_mean(run, "outcome/success_share", 4))
+    run.steps[4]["outcome/success_share"] = 0.4
+    assert compare.second_half_mean(run, "outcome/success_share", 4) == pytest.approx(0.3)
+    lines = compare.primary_section({"grpo": [math.nan, math.nan]}, "outcome/success_share", "grpo", 4, [0, 1])
+    assert "| grpo | -, - | n/a (the runs did not log `outcome/success_share`) | n/a |" in lines
+
+
+def test_chain_progress_and_information_gain_by_correct_and_wrong_hop(tmp_path):
+    runs = {"igpo": [_run("igpo", s, tmp_path, {0: 0.0, 1: 0.1}) for s in range(2)]}
+    for seed, run in enumerate(runs["igpo"]):
+        run.steps[1].update({"hop/reach1": 0.4 + 0.2 * seed, "hop/call1_right": 0.5, "hop/call1_wrong": 0.3,
+                             "hop/reach2": 0.1, "hop/call2_right": 0.1, "hop/call2_wrong": 0.2,
+                             "igpo/ig_hop1_right_mean": 2.0, "igpo/ig_hop1_right_count": 3.0 * (seed + 1),
+                             "igpo/ig_hop1_wrong_mean": -1.0, "igpo/ig_hop1_wrong_count": 5.0,
+                             "igpo/ig_hop2_right_mean": math.nan, "igpo/ig_hop2_right_count": 0.0})
+    args = argparse.Namespace(steps=1, val_every=1, seeds=[0, 1], extra=[], target=0.2, jobs=1)
+    summary = compare.write_outputs(tmp_path, runs, args, trajectories=8)
+    assert "| igpo | 1 | 0.500 | 0.500 | 0.300 |" in summary and "| igpo | 2 | 0.100 | 0.100 | 0.200 |" in summary
+    assert "| igpo | 1 | right | 9 | +2.000 |" in summary and "| igpo | 1 | wrong | 10 | -1.000 |" in summary
+    assert "| igpo | 2 | right |" not in summary  # no such turn: no row
+
+
+def test_sampled_validation_and_the_telescoped_igpo_row_are_overrides(monkeypatch, capsys):
+    assert compare.validation_overrides(1, 0.0) == []
+    assert compare.validation_overrides(4, 1.0) == ["actor_rollout_ref.rollout.val_kwargs.n=4",
+                                                    "actor_rollout_ref.rollout.val_kwargs.temperature=1.0",
+                                                    "actor_rollout_ref.rollout.val_kwargs.do_sample=true"]
+    assert compare.METHODS["igpo_telescoped"] == ["algorithm.adv_estimator=igpo",
+                                                  "algorithm.igpo.norm_order=after_discount", "algorithm.gamma=1.0"]
+    monkeypatch.setattr("sys.argv", ["compare_methods.py", "--val-samples", "0"])
+    with pytest.raises(SystemExit):
+        compare.main()
+    assert "--val-samples/--val-temperature: validation: 0 samples" in capsys.readouterr().err
