@@ -9,11 +9,21 @@
 # Usage: scripts/bench_all.sh            (exit status 1 if any benchmark failed; the others still run)
 # bench_bm25 runs on 100,000 synthetic passages here (its default is 1,000,000; each round builds both its side and
 # plain bm25s's in-memory index).
+# bench_step runs SmolLM2 only, one round (its defaults: the tiny model too, two rounds; 444-1,248 s on shared cores):
+# the last line, ig_step_overhead on SmolLM2 with actor-side scoring, is the same figure; the tiny model's scoring is
+# per-call overhead that swung 2-35 s with the load and is not the measure (results/bench/2026-12-04-step.md), and a
+# second round repeats the method phases only (the shared ones, ~88% of a step, are timed once either way), so the
+# spread shows between two bench_all runs instead. Measured alone: 575 s wall, 366 s CPU at load 4.8-5.4 (its phases
+# 2-3x their quiet-machine times); on an idle machine ~4-5 minutes (not measured), so the whole run ~14 minutes.
+# bench_scoring's memory part runs KV reuse's chunked prefill at 256 tokens only (its default adds 1,024): the
+# 256-token chunk set every *_worst ratio of the last line in all 18 runs under results/bench/ (32K: 0.42-0.66
+# against 0.27-0.48 for 1,024; 4K: 0.86-2.49 against 0.57-1.58), and the 1,024-token one cost ~140 s (3 scorings of
+# ~46 s at 32K).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source scripts/env.sh
 
-declare -A ARGS=([bench_bm25]="--passages 100000")
+declare -A ARGS=([bench_bm25]="--passages 100000" [bench_step]="--models smollm2 --rounds 1" [bench_scoring]="--chunks 256")
 ORDER=(bench_advantage bench_scoring bench_infopo bench_agent_loop bench_tool_server bench_bm25 bench_step)
 for script in scripts/bench_*.py; do  # a new benchmark is never skipped silently
     name=$(basename "$script" .py)
