@@ -66,7 +66,10 @@ REFERENCE_KEYS = {
 def refuse_reference_keys(algorithm: Mapping[str, Any]) -> None:
     """Raise when the ``algorithm`` section holds a DR-Venus key: reading it would need a mapping that could drift,
     and ignoring it would train with our default while the user believes the reference's value is in force."""
-    found = [key for key in REFERENCE_KEYS if algorithm.get(key, None) is not None]
+    # The section's keys once, then a lookup only where one is present: verl's estimator parses its config on every
+    # call, and a lookup per reference key (18 DictConfig gets) was half of that parse (~50 of ~100 us).
+    present = set(algorithm.keys())
+    found = [key for key in REFERENCE_KEYS if key in present and algorithm.get(key, None) is not None]
     if found:
         fixes = "; ".join(f"algorithm.{key} -> {REFERENCE_KEYS[key]}" for key in found)
         raise ValueError(f"reference (DR-Venus) configuration key(s) {found} are not read by igpo; replace them: "
