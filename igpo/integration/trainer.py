@@ -19,9 +19,12 @@ state (``checkpoint``).
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import json
 import logging
 import time
+import types
 
 import numpy as np
 import ray
@@ -29,6 +32,7 @@ import torch
 from tensordict import NonTensorStack, TensorDict
 
 import transfer_queue as tq
+from verl.trainer.ppo.v1 import trainer_base
 from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.workers.utils.padding import response_to_nested
@@ -60,6 +64,27 @@ BASE_FIELDS = ("uid", "response_mask", "rm_scores", "extra_fields")
 def prompt_uid(step: int, number: int) -> str:
     """A prompt's uid: the step it was drawn for and its number in the run (no '_': verl splits keys on it)."""
     return f"s{int(step):07d}p{int(number):09d}"
+
+
+def validation_uid(step: int, number: int) -> str:
+    """A validation prompt's uid: the step it is validated at and its number in that validation (no '_')."""
+    return f"v{int(step):07d}q{int(number):09d}"
+
+
+@contextlib.contextmanager
+def validation_uids(step: int):
+    """While open, verl's trainer module draws ``validation_uid(step, 0)``, ``(step, 1)``, ... where it would draw
+    uuid4s (its ``_validate`` names each validation prompt so): the agent loop seeds each request by its prompt's
+    uid, so sampled validation (``val_kwargs.temperature`` > 0) repeats with the seed, and runs at one seed validate
+    on the same samples. Only that module's name ``uuid`` is swapped, and only for the call."""
+    numbers = itertools.count()
+    drawn = types.SimpleNamespace(uuid4=lambda: validation_uid(step, next(numbers)))
+    original = trainer_base.uuid
+    trainer_base.uuid = drawn
+    try:
+        yield
+    finally:
+        trainer_base.uuid = original
 
 
 def trajectory_order(key: str) -> tuple:
@@ -147,6 +172,10 @@ class IGPOTrainerSync(RunControl, CheckpointState, PPOTrainerSync):
         start, self._prompts_fetched = self._prompts_fetched, self._prompts_fetched + len(batch)
         batch["uid"] = NonTensorStack(*[prompt_uid(self.global_steps, start + i) for i in range(len(batch))])
         return batch
+
+    def _validate(self):
+        with validation_uids(self.global_steps):
+            return super()._validate()
 
     def _balance_batch(self, batch, metrics, *args, **kwargs):
         """verl's balancing from a fixed starting order: TransferQueue returns trajectories in the order they

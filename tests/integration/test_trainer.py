@@ -1,6 +1,7 @@
 """Pieces of the igpo_sync trainer mode that need no Ray: reading the agent loop's records, sharding scoring work."""
 
 import math
+import uuid
 
 import pytest
 
@@ -13,6 +14,8 @@ from igpo.agent.records import TurnBatch, TurnRecord
 from igpo.integration.checkpoint import CheckpointState
 from igpo.integration.histograms import StepHistograms
 from igpo.integration.run_control import RunControl
+from igpo.integration import trainer
+from verl.trainer.ppo.v1 import trainer_base
 
 import method_harness as harness
 
@@ -389,3 +392,31 @@ def test_infra_masking_with_a_stock_estimator_is_refused_and_its_default_is_keep
     assert resolve_infra_policy(grpo, None, "grpo") == "keep"
     with pytest.raises(ValueError, match="infra_failure='mask_all' is unknown"):
         _trainer(infra_failure="mask_all")
+
+
+# Sampled validation repeats with the seed: verl names each validation prompt with a uuid4 and the agent loop seeds
+# each request by its prompt's uid, so the trainer makes those names depend on the step and the prompt's place only.
+def test_validation_draws_uids_from_the_step_and_the_prompts_place_and_only_while_validating():
+    with trainer.validation_uids(3):
+        drawn = [str(trainer_base.uuid.uuid4()) for _ in range(3)]
+        assert uuid.uuid4() != uuid.uuid4()  # the uuid module itself is untouched
+    assert drawn == ["v0000003q000000000", "v0000003q000000001", "v0000003q000000002"]
+    assert all("_" not in uid for uid in drawn)  # verl splits trajectory keys on '_'
+    assert trainer_base.uuid is uuid  # restored
+    with trainer.validation_uids(3):
+        assert str(trainer_base.uuid.uuid4()) == drawn[0]  # the same step validates on the same names again
+
+
+def test_the_trainers_validate_runs_verls_inside_the_deterministic_names(monkeypatch):
+    seen = []
+
+    def verls_validate(self):
+        seen.append([str(trainer_base.uuid.uuid4()) for _ in range(2)])
+        return {"val-core/all/f1": 0.5}
+
+    monkeypatch.setattr(trainer.PPOTrainerSync, "_validate", verls_validate)
+    runner = object.__new__(trainer.IGPOTrainerSync)
+    runner.global_steps = 10
+    assert runner._validate() == {"val-core/all/f1": 0.5}
+    assert seen == [["v0000010q000000000", "v0000010q000000001"]]
+    assert trainer_base.uuid is uuid
