@@ -222,20 +222,36 @@ def _discount(values, K, gamma):
 def _pooled_z(v, sel, w, key, num_keys, divide, eps, z):
     """z[p] = ẑ of v[p] for the selected boundaries, pooled by key with weights w (module docstring; w = 1 except for
     the copies of a turn that ARPO branches share, 1/|S| each); returns σ per key."""
+    # Positions come in runs of one key (a trajectory's boundaries). Each run's sums are carried in registers, added in
+    # the same order as through n[key], mu[key] and var[key] element by element (so bit-identical), without a store
+    # and reload per position: that round trip, not the arithmetic, set the speed of these passes.
+    size = v.shape[0]
     n = np.zeros(num_keys)
     mu = np.zeros(num_keys)
-    for p in range(v.shape[0]):
-        if sel[p]:
-            n[key[p]] += w[p]
-            mu[key[p]] += w[p] * v[p]
+    p = 0
+    while p < size:
+        k = key[p]
+        n_k, sum_k = n[k], mu[k]
+        while p < size and key[p] == k:
+            if sel[p]:
+                n_k += w[p]
+                sum_k += w[p] * v[p]
+            p += 1
+        n[k], mu[k] = n_k, sum_k
     for k in range(num_keys):
         if n[k] > 0:
             mu[k] /= n[k]
     var = np.zeros(num_keys)
-    for p in range(v.shape[0]):
-        if sel[p]:
-            d = v[p] - mu[key[p]]
-            var[key[p]] += w[p] * d * d
+    p = 0
+    while p < size:
+        k = key[p]
+        mu_k, var_k = mu[k], var[k]
+        while p < size and key[p] == k:
+            if sel[p]:
+                d = v[p] - mu_k
+                var_k += w[p] * d * d
+            p += 1
+        var[k] = var_k
     sigma = np.ones(num_keys)
     for k in range(num_keys):
         if n[k] > 1.0 + 1e-9:  # more than one distinct position (weights of shared copies sum to ~1)
