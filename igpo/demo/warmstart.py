@@ -40,7 +40,7 @@ from tool_server.backends.local import LocalBackend
 from tool_server.client import ToolClient, ToolResult
 from tool_server.process import start_tool_server
 
-from igpo.agent.records import TurnRecord
+from igpo.agent.records import HOP_TARGETS_KEY, TurnRecord
 from igpo.demo.titles import DemoQuestion, build_questions, load_passages, split_passages
 from igpo.demo.warmstart_config import WarmStartConfig
 from igpo.demo.world import WorldConfig, build_world, practice_world, warm_start_config, warm_start_plan
@@ -629,9 +629,11 @@ def measure_world(model_dir: str | Path, corpus: str | Path, world: Any, *, spli
                   seed: int = 0, config: WarmStartConfig | None = None) -> dict[str, float]:
     """Sample (temperature 1) the world's ``split`` questions through ``IGPOAgentLoop`` + ``HFRolloutServer`` (no Ray).
 
-    Returns the mean F1 and what the policy did: searched first, searched the asked person first (right_person),
-    made the second hop on two-hop questions (the chain task: searched as often as the chain needs, full_chain), and
-    the mean F1 per question kind.
+    Returns the mean F1, the share with the full score (exact: the trainer's ``outcome/success_share``), and what the
+    policy did: searched first, searched the asked person first (right_person), searched as often as a two-hop
+    question needs (second_hop; the chain task: full_chain), made every hop of its chain correctly (chain_right, from
+    the loop's ``TurnRecord.hop_right``), made at least k correct hops (reach<k>), and the mean F1 per question kind.
+    With ``seed`` each request is sampled as the trainer's rollout samples it (see the server's construction below).
     """
     import torch
     from transformers import AutoTokenizer
@@ -659,8 +661,9 @@ def measure_world(model_dir: str | Path, corpus: str | Path, world: Any, *, spli
                 _make_loop(tokenizer, server, tools, config, max_turns=config.max_turns, scoring=False,
                            model_type=_model_type(Path(model_dir)), seed=seed)
                 .run(params, raw_prompt=[{"role": "user", "content": q.question}],
-                     reward_model={"ground_truth": q.answer}, data_source="demo_world", extra_info={}, index=i,
-                     uid=f"measure-{i}", global_steps=0, session_id=i) for i, q in enumerate(questions)))
+                     reward_model={"ground_truth": q.answer}, data_source="demo_world",
+                     extra_info={HOP_TARGETS_KEY: world.hop_targets(q)}, index=i, uid=f"measure-{i}",
+                     global_steps=0, session_id=i) for i, q in enumerate(questions)))
 
         outputs = tools.run(run_all)
     finally:
@@ -668,11 +671,18 @@ def measure_world(model_dir: str | Path, corpus: str | Path, world: Any, *, spli
         tools.close()
 
     scores: dict[str, list[float]] = {}
-    searched = right = hops = two_hop = 0
+    searched = right = hops = two_hop = exact = chain_right = 0
+    reach: dict[int, int] = {}
     for question, out in zip(questions, outputs):
         record = TurnRecord.from_extra_fields(out.extra_fields)
+        reached = sum(record.hop_right)
+        chain_right += reached >= question.hops
+        for k in range(1, reached + 1):
+            reach[k] = reach.get(k, 0) + 1
         answer = record.final_answer
-        scores.setdefault(question.kind, []).append(f1_score(answer, [question.answer]) if answer else 0.0)
+        score = f1_score(answer, [question.answer]) if answer else 0.0
+        scores.setdefault(question.kind, []).append(score)
+        exact += score >= 1.0  # the trainer's success (outcome/success_share): the full outcome score
         tools_used = [t for t in record.tool_names if t]
         if tools_used:
             searched += 1
@@ -684,9 +694,12 @@ def measure_world(model_dir: str | Path, corpus: str | Path, world: Any, *, spli
             two_hop += 1
             hops += len(tools_used) >= question.hops
     count = len(questions)
-    report = {"n": float(count), "f1": sum(sum(v) for v in scores.values()) / count, "searched": searched / count,
+    report = {"n": float(count), "f1": sum(sum(v) for v in scores.values()) / count, "exact": exact / count,
+              "searched": searched / count,
               "right_person": right / count,
-              "second_hop" if world.task == "hops" else "full_chain": hops / two_hop if two_hop else float("nan")}
+              "second_hop" if world.task == "hops" else "full_chain": hops / two_hop if two_hop else float("nan"),
+              "chain_right": chain_right / count}
+    report.update({f"reach{k}": reach.get(k, 0) / count for k in range(1, max(q.hops for q in questions) + 1)})
     report.update({f"f1_{kind}": sum(v) / len(v) for kind, v in scores.items()})
     return report
 
