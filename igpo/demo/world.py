@@ -40,11 +40,12 @@ QUESTIONS = {
     "employer": "Employer of {person}",
     "hq": "Headquarters city of the employer of {person}",
 }
-# The long-horizon task (demo.task=chain): every answer is a person, found only at the end of a chain of searches,
-# each search's passage naming the next entity among other names of the same kind.
+# The long-horizon task (demo.task=chain): every answer is a person, found only at the end of a chain of two or three
+# dependent searches (mentor after mentor: the answers spread over most of the 128 people, where a chain through the
+# 16 companies' founders would let a policy guess among 16).
 CHAIN_QUESTIONS = {
-    "chain3": "Founder of the employer of the mentor of {person}",
-    "chain4": "Mentor of the founder of the employer of the mentor of {person}",
+    "mentor2": "Mentor of the mentor of {person}",
+    "mentor3": "Mentor of the mentor of the mentor of {person}",
 }
 TASKS = ("hops", "chain")
 PERSON_MARK, COMPANY_MARK = "@", "#"
@@ -65,13 +66,14 @@ TOPK = 1                          # passages per search (the tool server's --def
 WARM_START_STEPS = 600
 WARM_START_LR = 3e-3
 WARM_START_PLANS = 2              # trajectories of the warm-start policy per practice question
-# The chain task (demo.task=chain; configs/demo/chain.yaml repeats these, a test checks they agree): four searches
-# and the answer, plus two spare turns for mistakes, fit the response budget.
+# The chain task (demo.task=chain; configs/demo/chain.yaml repeats these, a test checks they agree): three searches
+# and the answer, plus three spare turns for mistakes, fit the response budget.
 CHAIN_MAX_TURNS = 7
 CHAIN_RESPONSE_LENGTH = 640
-# Its warm-start policy (chain_plan): calibrated so that few step-0 trajectories are correct.
-CHAIN_P_NO_SEARCH = 0.4
-CHAIN_P_NEXT_HOP = 0.35
+# Its warm-start policy (chain_plan), calibrated on the sampled step-1 success of the model it trains
+# (scripts/calibrate_chain.py; results/chain_compare_v2/plan.md): 5-15% of trajectories correct, >= 4x a guess.
+CHAIN_P_NO_SEARCH = 0.35
+CHAIN_P_NEXT_HOP = 0.3
 # The real model (demo.model=smollm2, igpo/demo/real_model.py; configs/demo_model/smollm2.yaml repeats these, a test
 # checks they agree). Its tokenizer splits every name into several tokens: a search call is ~31 tokens, a search result
 # 40-51, its frame up to 52 (the answer-now instruction included), a prompt ~72. Two searches and the answer fit
@@ -125,7 +127,7 @@ class Question:
     @property
     def hops(self) -> int:
         """Searches the question needs."""
-        return {"employer": 1, "hq": 2, "chain3": 3, "chain4": 4}[self.kind]
+        return {"employer": 1, "hq": 2, "mentor2": 2, "mentor3": 3}[self.kind]
 
 
 @dataclass(frozen=True)
@@ -148,12 +150,15 @@ class World:
         return [p for p in self.employer if (p in self.val_names) == held_out]
 
     def questions(self, split: str) -> list[Question]:
+        """Two questions per person of ``split``; on the chain task a three-search chain that comes back to the asked
+        person (its third search would repeat the first, which the loop refuses as a duplicate) is left out."""
         out = []
         for person in self.split(split):
             if self.task == "chain":
-                answers = {"chain3": self.founder[self.employer[self.mentor[person]]]}
-                answers["chain4"] = self.mentor[answers["chain3"]]
-                templates = CHAIN_QUESTIONS
+                m1 = self.mentor[person]
+                m2 = self.mentor[m1]
+                answers = {"mentor2": m2, "mentor3": self.mentor[m2]}
+                templates = {k: v for k, v in CHAIN_QUESTIONS.items() if k != "mentor3" or m2 != person}
             else:
                 answers = {"employer": self.employer[person], "hq": self.hq[self.employer[person]]}
                 templates = QUESTIONS
@@ -162,12 +167,12 @@ class World:
         return out
 
     def chain(self, question: Question) -> list[str]:
-        """The entities a chain question's searches must name, in order (the last search's passage holds the
-        answer)."""
-        mentor = self.mentor[question.person]
-        company = self.employer[mentor]
-        path = [question.person, mentor, company]
-        return path + [self.founder[company]] if question.kind == "chain4" else path
+        """The entities a chain question's searches must name, in order: the asked person, then each one's mentor
+        (the last search's passage names the answer)."""
+        path = [question.person]
+        while len(path) < question.hops:
+            path.append(self.mentor[path[-1]])
+        return path
 
     def hop_targets(self, question: Question) -> list[str]:
         """The entities a correct trajectory searches, in order (the agent loop records which hops a trajectory got
@@ -279,10 +284,10 @@ def warm_start_plan(world: World, question: Question, rng: random.Random, *, p_n
 def chain_plan(world: World, question: Question, rng: random.Random, *, p_no_search: float = CHAIN_P_NO_SEARCH,
                p_next_hop: float = CHAIN_P_NEXT_HOP) -> PlannedTrajectory:
     """The warm-start policy on a chain question: it knows the protocol (search a name it read, copy a name into the
-    answer) but rarely follows a chain to its end. It answers at once with a random person with probability
+    answer) but often stops before a chain's end. It answers at once with a random person with probability
     ``p_no_search``; otherwise it searches the asked person, then takes each next hop with probability ``p_next_hop``
-    (searching the name the last passage gave for the asked relation), and answers the name its last passage gave
-    when the chain is complete, else a name from that passage's other relation or a random person."""
+    (searching the mentor the last passage named), and answers the mentor its last passage named when the chain is
+    complete, else a random person. A complete chain: (1 - p_no_search) * p_next_hop^(hops - 1) of its plans."""
     people = list(world.employer)
     if rng.random() < p_no_search:
         return PlannedTrajectory((), rng.choice(people))
@@ -409,7 +414,7 @@ def main() -> None:
                                                              "data/wiki_passages_1000.jsonl")
     parser.add_argument("--seed", type=int, default=WorldConfig.seed)
     parser.add_argument("--task", choices=TASKS, default=WorldConfig.task,
-                        help="hops: one- and two-hop questions; chain: three- and four-search chains (demo.task=chain)")
+                        help="hops: one- and two-hop questions; chain: two- and three-search chains (demo.task=chain)")
     args = parser.parse_args()
     for path in write_world(args.out_dir, args.base_corpus, WorldConfig(seed=args.seed, task=args.task)).values():
         print(path)
