@@ -73,7 +73,7 @@ CHAIN_RESPONSE_LENGTH = 640
 # Its warm-start policy (chain_plan), calibrated on the sampled step-1 success of the model it trains
 # (scripts/calibrate_chain.py; results/chain_compare_v2/plan.md): 5-15% of trajectories correct, >= 4x a guess.
 CHAIN_P_NO_SEARCH = 0.35
-CHAIN_P_NEXT_HOP = 0.3
+CHAIN_P_NEXT_HOP = 0.35
 # The real model (demo.model=smollm2, igpo/demo/real_model.py; configs/demo_model/smollm2.yaml repeats these, a test
 # checks they agree). Its tokenizer splits every name into several tokens: a search call is ~31 tokens, a search result
 # 40-51, its frame up to 52 (the answer-now instruction included), a prompt ~72. Two searches and the answer fit
