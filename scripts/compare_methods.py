@@ -225,41 +225,52 @@ def hop_reach(group: list[Run]) -> list[tuple[int, float, float, float]]:
     return rows
 
 
-def hop_ig_split(group: list[Run]) -> list[tuple[int, str, float, float]]:
-    """Information gain of the k-th tool call split by correct and wrong hop (``igpo/ig_hop<k>_right_*`` and
-    ``_wrong_*``), pooled over steps and seeds weighting each step's mean by its turn count: (k, part, turns, mean)."""
-    pooled: dict[tuple[int, str], list[float]] = {}
+def pooled_by_count(group: list[Run], count_key: str, values: tuple[str, ...]) -> dict[tuple, list[float]]:
+    """Per-step means pooled over every step and seed of ``group``, each weighted by its step's count: for every
+    metric whose name fully matches ``count_key`` (a ``..._count`` name; its groups key the result) with a count > 0,
+    the siblings named by replacing ``_count`` with ``_<value>`` for each of ``values``; a step where one of them is
+    not finite is skipped. Returns key (the match's groups, as text) -> [total count, count-weighted mean of
+    each value ...]."""
+    sums: dict[tuple, list[float]] = {}
     for run in group:
         for metrics in run.steps.values():
             for key, count in metrics.items():
-                match = re.fullmatch(r"igpo/ig_hop(\d+)_(right|wrong)_count", key)
-                mean = metrics.get(key.replace("_count", "_mean"), math.nan) if match else math.nan
-                if match and count > 0 and math.isfinite(mean):
-                    total = pooled.setdefault((int(match.group(1)), match.group(2)), [0.0, 0.0])
+                match = re.fullmatch(count_key, key)
+                if not match or not count > 0:
+                    continue
+                found = [metrics.get(key.replace("_count", f"_{value}"), math.nan) for value in values]
+                if all(math.isfinite(v) for v in found):
+                    total = sums.setdefault(match.groups(), [0.0] * (1 + len(values)))
                     total[0] += count
-                    total[1] += mean * count
-    return [(k, part, n, m / n) for (k, part), (n, m) in sorted(pooled.items())]
+                    for index, v in enumerate(found, 1):
+                        total[index] += v * count
+    return {key: [total[0]] + [v / total[0] for v in total[1:]] for key, total in sums.items()}
+
+
+def hop_ig_split(group: list[Run]) -> list[tuple[int, str, float, float]]:
+    """Information gain of the k-th tool call split by correct and wrong hop (``igpo/ig_hop<k>_right_*`` and
+    ``_wrong_*``), pooled over steps and seeds weighting each step's mean by its turn count: (k, part, turns, mean)."""
+    pooled = pooled_by_count(group, r"igpo/ig_hop(\d+)_(right|wrong)_count", ("mean",))
+    return sorted((int(k), part, n, mean) for (k, part), (n, mean) in pooled.items())
 
 
 def hop_table(group: list[Run]) -> list[tuple[int, float, float, float]]:
     """Information gain of the k-th tool call of a trajectory (``igpo/ig_hop<k>_*``), pooled over every step and seed
     of ``group``, weighting each step's mean and negative share by its turn count: (k, turns, mean, share < 0)."""
-    pooled: dict[int, list[float]] = {}
-    for run in group:
-        for metrics in run.steps.values():
-            for key, count in metrics.items():
-                match = re.fullmatch(r"igpo/ig_hop(\d+)_count", key)
-                if not match or not count > 0:
-                    continue
-                k = int(match.group(1))
-                mean = metrics.get(f"igpo/ig_hop{k}_mean", math.nan)
-                negative = metrics.get(f"igpo/ig_hop{k}_negative_share", math.nan)
-                if math.isfinite(mean) and math.isfinite(negative):
-                    total = pooled.setdefault(k, [0.0, 0.0, 0.0])
-                    total[0] += count
-                    total[1] += mean * count
-                    total[2] += negative * count
-    return [(k, n, m / n, neg / n) for k, (n, m, neg) in sorted(pooled.items())]
+    pooled = pooled_by_count(group, r"igpo/ig_hop(\d+)_count", ("mean", "negative_share"))
+    return sorted((int(k), n, mean, negative) for (k,), (n, mean, negative) in pooled.items())
+
+
+def table_section(title: str, intro: str, columns: list[str], tables: dict[str, list[tuple]], row) -> list[str]:
+    """A summary section: a markdown table of every method's rows (``row`` formats one row's cells after the
+    method), or nothing when no method has any."""
+    if not tables:
+        return []
+    lines = [f"## {title}", "", intro, "", "| method | " + " | ".join(columns) + " |",
+             "|---|" + "---|" * len(columns)]
+    for method, table in tables.items():
+        lines += [f"| {method} | {row(*cells)} |" for cells in table]
+    return lines + [""]
 
 
 def fmt(values: list[float]) -> str:
@@ -376,34 +387,27 @@ def write_outputs(out: Path, runs: dict[str, list[Run]], args: argparse.Namespac
             lines.append(f"| {method} | " + " | ".join(cells) + f" | {overall} |")
         lines.append("")
 
-    hops = {method: table for method, group in runs.items() if (table := hop_table(group))}
-    if hops:
-        lines += ["## Information gain by hop", "",
-                  "IG of the k-th tool call of a trajectory (`igpo/ig_hop<k>_*`), pooled over every step and seed, "
-                  "each step weighted by its turn count.", "",
-                  "| method | hop | turns | mean IG | share negative |", "|---|---|---|---|---|"]
-        for method, table in hops.items():
-            lines += [f"| {method} | {k} | {n:.0f} | {mean:+.3f} | {negative:.2f} |" for k, n, mean, negative in table]
-        lines.append("")
+    def tables(make) -> dict[str, list[tuple]]:
+        return {method: table for method, group in runs.items() if (table := make(group))}
 
-    reach = {method: table for method, group in runs.items() if (table := hop_reach(group))}
-    if reach:
-        lines += ["## Chain progress by hop", "",
-                  "Over every training step and seed: the share of trajectories that made k correct hops, and the "
-                  "share whose k-th tool call was the chain's next correct hop or was not (`hop/*`).", "",
-                  "| method | hop k | reached k hops | k-th call right | k-th call wrong |", "|---|---|---|---|---|"]
-        for method, table in reach.items():
-            lines += [f"| {method} | {k} | {r:.3f} | {right:.3f} | {wrong:.3f} |" for k, r, right, wrong in table]
-        lines.append("")
-    split = {method: table for method, group in runs.items() if (table := hop_ig_split(group))}
-    if split:
-        lines += ["## Information gain by hop, correct and wrong hops apart", "",
-                  "IG of the k-th tool call (`igpo/ig_hop<k>_right_*`, `_wrong_*`), pooled over steps and seeds, "
-                  "each step weighted by its turn count.", "",
-                  "| method | hop | correct or wrong | turns | mean IG |", "|---|---|---|---|---|"]
-        for method, table in split.items():
-            lines += [f"| {method} | {k} | {part} | {n:.0f} | {mean:+.3f} |" for k, part, n, mean in table]
-        lines.append("")
+    lines += table_section(
+        "Information gain by hop",
+        "IG of the k-th tool call of a trajectory (`igpo/ig_hop<k>_*`), pooled over every step and seed, each step "
+        "weighted by its turn count.",
+        ["hop", "turns", "mean IG", "share negative"], tables(hop_table),
+        lambda k, n, mean, negative: f"{k} | {n:.0f} | {mean:+.3f} | {negative:.2f}")
+    lines += table_section(
+        "Chain progress by hop",
+        "Over every training step and seed: the share of trajectories that made k correct hops, and the share whose "
+        "k-th tool call was the chain's next correct hop or was not (`hop/*`).",
+        ["hop k", "reached k hops", "k-th call right", "k-th call wrong"], tables(hop_reach),
+        lambda k, reached, right, wrong: f"{k} | {reached:.3f} | {right:.3f} | {wrong:.3f}")
+    lines += table_section(
+        "Information gain by hop, correct and wrong hops apart",
+        "IG of the k-th tool call (`igpo/ig_hop<k>_right_*`, `_wrong_*`), pooled over steps and seeds, each step "
+        "weighted by its turn count.",
+        ["hop", "correct or wrong", "turns", "mean IG"], tables(hop_ig_split),
+        lambda k, part, n, mean: f"{k} | {part} | {n:.0f} | {mean:+.3f}")
 
     if "grpo" in curves and "igpo" in curves and curves["grpo"]:
         target = statistics.fmean(curves["grpo"][max(curves["grpo"])])
