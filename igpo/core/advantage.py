@@ -167,25 +167,72 @@ def _check_group_and_weights(B: int, group: Tensor, outcome_weight: float, ig_we
             raise ValueError(f"{name}={w!r} must be finite.")
 
 
+_POSITION_ERRORS = {
+    1: "rewards contain NaN or inf at outcome/IG positions; a failed reward must be handled upstream (e.g. a failed IG "
+       "boundary is not placed), never passed to the advantage.",
+    2: "penalty contains NaN or inf.",
+    3: "a token is marked both outcome and IG (outcome_mask and ig_mask overlap); a token carries either the outcome "
+       "or an IG reward.",
+    4: "a reward position lies outside response_mask; outcome, IG and penalty positions must be valid response tokens. "
+       "An IG placed reference-style on an observation's end token is lost when observation tokens are masked: put "
+       "it on the turn's last generated token (the igpo_sync trainer mode does).",
+    5: "a trajectory has more than one outcome position; at most one per row (the last response token).",
+}
+
+
+@numba.njit(cache=True, nogil=True)
+def _position_error(K, r, is_f, is_i, in_mask, pen, masked_turns_ok):
+    """The first of ``_POSITION_ERRORS`` (by its number) that the reward positions show, 0 for none: one pass over
+    what lies at the boundaries (O(#boundaries), never O(B·L)). ``pen`` of length 0: no penalties."""
+    found = 0
+    p = 0
+    for i in range(K.shape[0]):
+        outcomes = 0
+        for _ in range(K[i]):
+            f, ig = is_f[p], is_i[p]
+            if (f or ig) and not np.isfinite(r[p]):
+                error = 1
+            elif pen.shape[0] and not np.isfinite(pen[p]):
+                error = 2
+            elif f and ig:
+                error = 3
+            elif not in_mask[p] and (f or not masked_turns_ok):
+                error = 4
+            else:
+                error = 0
+            outcomes += f
+            if outcomes > 1 and error == 0:
+                error = 5
+            if error and (found == 0 or error < found):
+                found = error
+            p += 1
+    return found
+
+
 def _check_positions(r: np.ndarray, is_f: np.ndarray, is_i: np.ndarray, in_mask: np.ndarray, pen: np.ndarray | None,
-                     rows: np.ndarray, B: int, masked_turns_ok: bool = False) -> None:
-    """Value checks on the reward positions only (gathered, so they cost O(#boundaries), not O(B·L))."""
-    if not np.isfinite(r[is_f | is_i]).all():
-        raise ValueError("rewards contain NaN or inf at outcome/IG positions; a failed reward must be handled "
-                         "upstream (e.g. a failed IG boundary is not placed), never passed to the advantage.")
-    if pen is not None and not np.isfinite(pen).all():
-        raise ValueError("penalty contains NaN or inf.")
-    if (is_f & is_i).any():
-        raise ValueError("a token is marked both outcome and IG (outcome_mask and ig_mask overlap); a token carries "
-                         "either the outcome or an IG reward.")
-    if not (in_mask | (~is_f if masked_turns_ok else False)).all():
-        raise ValueError("a reward position lies outside response_mask; outcome, IG and penalty positions must be "
-                         "valid response tokens. An IG placed reference-style on an observation's end token is lost "
-                         "when observation tokens are masked: put it on the turn's last generated token (the "
-                         "igpo_sync trainer mode does).")
-    if (np.bincount(rows[is_f], minlength=B) > 1).any():
-        raise ValueError("a trajectory has more than one outcome position; at most one per row (the last response "
-                         "token).")
+                     K: np.ndarray, masked_turns_ok: bool = False) -> None:
+    """Value checks on the reward positions only (K_i positions per row, row-major)."""
+    error = _position_error(K.astype(np.int64, copy=False), r, is_f, is_i, in_mask,
+                            pen if pen is not None else _NO_VALUES, masked_turns_ok)
+    if error:
+        raise ValueError(_POSITION_ERRORS[error])
+
+
+_NO_VALUES = np.zeros(0)  # an optional per-boundary array left out (no penalty, every pool weight 1)
+
+
+@numba.njit(cache=True, nogil=True)
+def _dense_ids(x):
+    """np.unique(x, return_inverse=True)'s inverse (ids in the order of the sorted distinct values) and their count,
+    compiled: np.unique costs ~50 us of Python for a batch's few hundred group ids."""
+    order = np.argsort(x, kind="mergesort")
+    ids = np.empty(x.shape[0], np.int64)
+    k = -1
+    for j in range(order.shape[0]):
+        if j == 0 or x[order[j]] != x[order[j - 1]]:
+            k += 1
+        ids[order[j]] = k
+    return ids, k + 1
 
 
 def _zero_tokens(shape: tuple[int, int], dtype: torch.dtype, device: torch.device) -> Tensor:
@@ -205,61 +252,101 @@ _JOINT, _SCALED_SEPARATE, _RAW_IG = _MODE_CODE["joint"], _MODE_CODE["scaled_sepa
 
 
 @numba.njit(cache=True, nogil=True)
-def _discount(values, K, gamma):
-    """A_k = v_k + γ_i A_{k+1} within each trajectory (boundaries in flat row-major order, K_i per row)."""
-    out = np.empty_like(values)
+def _discount_in_place(values, K, gamma):
+    """values[p] := A_p = v_p + γ_i A_{p+1} within each trajectory (boundaries in flat row-major order, K_i per row)."""
     end = 0
     for i in range(K.shape[0]):
         end += K[i]
         acc = 0.0
         for p in range(end - 1, end - K[i] - 1, -1):
             acc = values[p] + gamma[i] * acc
-            out[p] = acc
-    return out
+            values[p] = acc
 
 
 @numba.njit(cache=True, nogil=True)
-def _pooled_z(v, sel, w, key, num_keys, divide, eps, z):
-    """z[p] = ẑ of v[p] for the selected boundaries, pooled by key with weights w (module docstring; w = 1 except for
-    the copies of a turn that ARPO branches share, 1/|S| each); returns σ per key."""
-    # Positions come in runs of one key (a trajectory's boundaries). Each run's sums are carried in registers, added in
-    # the same order as through n[key], mu[key] and var[key] element by element (so bit-identical), without a store
-    # and reload per position: that round trip, not the arithmetic, set the speed of these passes.
-    size = v.shape[0]
+def _add_discounted(out, values, K, gamma):
+    """out[p] += the discounted sum of values from p to the end of its trajectory (``values`` is left as it is)."""
+    end = 0
+    for i in range(K.shape[0]):
+        end += K[i]
+        acc = 0.0
+        for p in range(end - 1, end - K[i] - 1, -1):
+            acc = values[p] + gamma[i] * acc
+            out[p] = out[p] + acc
+
+
+@numba.njit(cache=True, nogil=True)
+def _pooled_z(v, sel, w, K, g, turn_stride, num_keys, divide, eps, z):
+    """z[p] = ẑ of v[p] for the selected boundaries (other entries of z are not written), pooled by key with weights w
+    (module docstring; w = 1 except for the copies of a turn that ARPO branches share, 1/|S| each; w of length 0: all
+    1, the same arithmetic); returns σ per key.
+    A boundary of row i has key g[i] (turn_stride 0), or g[i] · turn_stride + its rank among the row's selected
+    boundaries (norm_group=group_turn: one pool per group and turn).
+
+    Each key's sums are added in position order, carried in registers along a row (a store and reload per position,
+    not the arithmetic, set the speed of these passes), so the result does not depend on how rows are visited."""
+    B = K.shape[0]
+    weighted = w.shape[0] != 0
     n = np.zeros(num_keys)
     mu = np.zeros(num_keys)
-    p = 0
-    while p < size:
-        k = key[p]
-        n_k, sum_k = n[k], mu[k]
-        while p < size and key[p] == k:
-            if sel[p]:
-                n_k += w[p]
-                sum_k += w[p] * v[p]
-            p += 1
-        n[k], mu[k] = n_k, sum_k
+    start = 0
+    for i in range(B):
+        end = start + K[i]
+        if turn_stride == 0:
+            k = g[i]
+            n_k, sum_k = n[k], mu[k]
+            for p in range(start, end):
+                if sel[p]:
+                    w_p = w[p] if weighted else 1.0
+                    n_k += w_p
+                    sum_k += w_p * v[p]
+            n[k], mu[k] = n_k, sum_k
+        else:
+            k = g[i] * turn_stride
+            for p in range(start, end):
+                if sel[p]:
+                    w_p = w[p] if weighted else 1.0
+                    n[k] += w_p
+                    mu[k] += w_p * v[p]
+                    k += 1
+        start = end
     for k in range(num_keys):
         if n[k] > 0:
             mu[k] /= n[k]
     var = np.zeros(num_keys)
-    p = 0
-    while p < size:
-        k = key[p]
-        mu_k, var_k = mu[k], var[k]
-        while p < size and key[p] == k:
-            if sel[p]:
-                d = v[p] - mu_k
-                var_k += w[p] * d * d
-            p += 1
-        var[k] = var_k
+    start = 0
+    for i in range(B):
+        end = start + K[i]
+        if turn_stride == 0:
+            k = g[i]
+            mu_k, var_k = mu[k], var[k]
+            for p in range(start, end):
+                if sel[p]:
+                    d = v[p] - mu_k
+                    var_k += (w[p] if weighted else 1.0) * d * d
+            var[k] = var_k
+        else:
+            k = g[i] * turn_stride
+            for p in range(start, end):
+                if sel[p]:
+                    d = v[p] - mu[k]
+                    var[k] += (w[p] if weighted else 1.0) * d * d
+                    k += 1
+        start = end
     sigma = np.ones(num_keys)
     for k in range(num_keys):
         if n[k] > 1.0 + 1e-9:  # more than one distinct position (weights of shared copies sum to ~1)
             sigma[k] = math.sqrt(var[k] / n[k] + 1e-8)
-    for p in range(v.shape[0]):
-        if sel[p]:
-            d = v[p] - mu[key[p]]
-            z[p] = d / (sigma[key[p]] + eps) if divide else d
+    start = 0
+    for i in range(B):
+        end = start + K[i]
+        k = g[i] * turn_stride if turn_stride else g[i]
+        for p in range(start, end):
+            if sel[p]:
+                d = v[p] - mu[k]
+                z[p] = d / (sigma[k] + eps) if divide else d
+                k += turn_stride != 0
+        start = end
     return sigma
 
 
@@ -267,60 +354,72 @@ def _pooled_z(v, sel, w, key, num_keys, divide, eps, z):
 def _turn_advantages(K, g, num_groups, r, is_f, is_i, pen, w, mode, gamma, adaptive_w, after_discount, group_turn,
                      divide, eps, ig_weight, scale_floor, scale_cap, outcome_weight, ig_schedule):
     """Per-boundary advantages A (flat, row-major) from rewards r, outcome / IG flags, penalties and pool weights w
-    (group statistics and scaled_separate's batch means are w-weighted): normalize (mode), weight, discount (order). Returns (A, γ_i per row, [ig_scale, |ẑ(F)| mean, |scaled ẑ(I)| mean, mean r/σ over I])."""
+    (group statistics and scaled_separate's batch means are w-weighted): normalize (mode), weight, discount (order).
+    Returns (A, γ_i per row, [ig_scale, |ẑ(F)| mean, |scaled ẑ(I)| mean, mean r/σ over I]).
+
+    One array of n boundaries is allocated (A, which holds ẑ(F) at the outcomes and ẑ(I) at the IG positions, as they
+    are disjoint), two with after_discount: each temporary of this size costs page faults on a fresh allocation.
+    ``pen`` or ``w`` of length 0: no penalties, every weight 1 (the same arithmetic as zeros and ones)."""
     B, n = K.shape[0], r.shape[0]
+    weighted = w.shape[0] != 0
     raw_ig = mode == _RAW_IG
     gam = np.full(B, 0.0 if raw_ig else gamma)
     if adaptive_w > 0 and not raw_ig:
         for i in range(B):
             if K[i] > 1:
                 gam[i] = adaptive_w ** (1.0 / K[i])
-    row = np.empty(n, np.int64)
-    ordinal = np.zeros(n, np.int64)  # rank of an IG boundary among its trajectory's IG boundaries
-    ig_max = 1
-    p = 0
-    for i in range(B):
-        seen = 0
-        for _ in range(K[i]):
-            row[p], ordinal[p] = i, seen
-            seen += is_i[p]
-            p += 1
-        ig_max = max(ig_max, seen)
-
-    v = np.zeros(n)
-    for p in range(n):
-        if is_f[p] or is_i[p]:
-            v[p] = r[p]
+    # The values normalised: r where an outcome or IG lies (the pools read nothing else), discounted first with
+    # after_discount (a penalty-only boundary then carries 0 into the sum).
+    v = r
     if after_discount:
-        v = _discount(v, K, gam)
+        v = np.zeros(n)
+        for p in range(n):
+            if is_f[p] or is_i[p]:
+                v[p] = r[p]
+        _discount_in_place(v, K, gam)
 
     stats = np.full(4, np.nan)
     N = np.zeros(n)
-    key_g = g[row]
     if mode == _JOINT:
-        _pooled_z(v, is_f | is_i, w, key_g, num_groups, divide, eps, N)
+        _pooled_z(v, is_f | is_i, w, K, g, 0, num_groups, divide, eps, N)
     else:
-        _pooled_z(v, is_f, w, key_g, num_groups, divide, eps, N)
-        outcome_z = np.zeros(B)  # at most one outcome per row
-        for p in range(n):
-            if is_f[p]:
-                outcome_z[row[p]] = N[p]
-        key_i = key_g * ig_max + ordinal if group_turn else key_g
-        num_i = num_groups * ig_max if group_turn else num_groups
-        z_i = np.zeros(n)
-        sigma_i = _pooled_z(v, is_i, w, key_i, num_i, divide, eps, z_i)
+        _pooled_z(v, is_f, w, K, g, 0, num_groups, divide, eps, N)
+        ig_max = 1  # the most IG boundaries in one row: the stride of group_turn's keys
+        if group_turn:
+            start = 0
+            for i in range(B):
+                seen = 0
+                for p in range(start, start + K[i]):
+                    seen += is_i[p]
+                ig_max = max(ig_max, seen)
+                start += K[i]
+        stride = ig_max if group_turn else 0
+        sigma_i = _pooled_z(v, is_i, w, K, g, stride, num_groups * ig_max if group_turn else num_groups, divide, eps,
+                            N)
         n_f, n_i, abs_f, abs_i, over_std = 0.0, 0.0, 0.0, 0.0, 0.0
-        for p in range(n):
-            if is_i[p]:
-                if raw_ig:
-                    scaled = v[p] / (sigma_i[key_i[p]] + eps)
-                    over_std += w[p] * scaled
-                    z_i[p] = scaled * ig_weight + outcome_z[row[p]]
-                n_i += w[p]
-                abs_i += w[p] * abs(z_i[p])
-            elif is_f[p]:
-                n_f += w[p]
-                abs_f += w[p] * abs(N[p])
+        start = 0
+        for i in range(B):
+            end = start + K[i]
+            outcome_z = 0.0  # at most one outcome per row, its last boundary
+            if raw_ig:
+                for p in range(start, end):
+                    if is_f[p]:
+                        outcome_z = N[p]
+            k = g[i] * stride if stride else g[i]
+            for p in range(start, end):
+                w_p = w[p] if weighted else 1.0
+                if is_i[p]:
+                    if raw_ig:
+                        scaled = v[p] / (sigma_i[k] + eps)
+                        over_std += w_p * scaled
+                        N[p] = scaled * ig_weight + outcome_z
+                    n_i += w_p
+                    abs_i += w_p * abs(N[p])
+                    k += stride != 0
+                elif is_f[p]:
+                    n_f += w_p
+                    abs_f += w_p * abs(N[p])
+            start = end
         if raw_ig and n_i:
             stats[3] = over_std / n_i
         if mode == _SCALED_SEPARATE:
@@ -330,18 +429,25 @@ def _turn_advantages(K, g, num_groups, r, is_f, is_i, pen, w, mode, gamma, adapt
             stats[0], stats[1] = scale, abs_f / n_f if n_f else 0.0
             stats[2] = scale * abs_i / n_i if n_i else 0.0
             for p in range(n):
-                z_i[p] *= scale
-        for p in range(n):
-            if is_i[p]:
-                N[p] = z_i[p]
+                if is_i[p]:
+                    N[p] *= scale
     for p in range(n):
         if is_i[p]:
             N[p] *= ig_schedule if raw_ig else ig_weight * ig_schedule
         elif is_f[p]:
             N[p] *= outcome_weight
+    has_pen = pen.shape[0] != 0
     if after_discount:
-        return N + _discount(pen, K, gam), gam, stats
-    return _discount(N + pen, K, gam), gam, stats
+        if has_pen:
+            _add_discounted(N, pen, K, gam)
+        else:
+            for p in range(n):
+                N[p] += 0.0  # as adding a zero penalty's discounted sum: -0.0 becomes 0.0
+        return N, gam, stats
+    for p in range(n):
+        N[p] += pen[p] if has_pen else 0.0
+    _discount_in_place(N, K, gam)
+    return N, gam, stats
 
 
 def _metrics(stats, r, is_f, is_i, is_p, rows, g, num_groups, K, gamma, A, tokens):
@@ -460,34 +566,43 @@ def advantage_at_boundaries(
         raise ValueError(f"response_mask must be a bool [B, L] tensor; got {response_mask.dtype}.")
     _check_group_and_weights(B, group, outcome_weight, ig_weight_schedule)
     n = bounds.r.shape[0]
-    if bounds.K.shape != (B,) or int(bounds.K.sum()) != n or (n and int(bounds.flat.max()) >= B * L):
+    K = bounds.K.cpu().numpy()
+    flat_max = (int(_max_int(bounds.flat.numpy())) if bounds.flat.device.type == "cpu" else
+                int(bounds.flat.max())) if n else -1
+    if K.shape != (B,) or int(K.sum()) != n or flat_max >= B * L:
         raise ValueError(f"the reward positions were built for another batch layout than response_mask [{B}, {L}] "
-                         f"(K {tuple(bounds.K.shape)} summing to {int(bounds.K.sum())}, {n} entries); build them "
-                         "against this response_mask.")
+                         f"(K {tuple(K.shape)} summing to {int(K.sum())}, {n} entries); build them against this "
+                         "response_mask.")
     response_mask = response_mask.contiguous()
     out = _zero_tokens((B, L), dtype, response_mask.device)
 
-    # The turn-level work is O(#boundaries), on host arrays.
-    K, r, is_f, is_i, pen = bounds.K.cpu().numpy(), bounds.r, bounds.is_f, bounds.is_i, bounds.pen
-    rows = np.repeat(np.arange(B), K)
-    _check_positions(r, is_f, is_i, bounds.in_mask, pen, rows, B, masked_turns_ok)
-    _, g = np.unique(group.cpu().numpy(), return_inverse=True)
-    num_groups = int(g.max()) + 1 if B else 0
-    if pen is None:
-        pen = np.zeros_like(r)
-    w = bounds.w if bounds.w is not None else np.ones_like(r)
+    # The turn-level work is O(#boundaries), on host arrays; no array of that size is built here that the kernels
+    # do not need (each is fresh memory, and its page faults cost more than the work on it).
+    r, is_f, is_i, pen, w = bounds.r, bounds.is_f, bounds.is_i, bounds.pen, bounds.w
+    _check_positions(r, is_f, is_i, bounds.in_mask, pen, K, masked_turns_ok)
+    g, num_groups = _dense_ids(group.cpu().numpy())
     A, gamma, stats = _turn_advantages(
-        K, g.astype(np.int64), num_groups, r, is_f, is_i, pen, w, _MODE_CODE[cfg.norm_mode], cfg.gamma,
-        cfg.adaptive_gamma_min_weight, cfg.norm_order == "after_discount", cfg.norm_group == "group_turn",
-        cfg.norm_adv_by_std, cfg.epsilon, cfg.ig_weight, cfg.scale_floor, cfg.scale_cap, float(outcome_weight),
-        float(ig_weight_schedule))
+        K, g, num_groups, r, is_f, is_i, pen if pen is not None else _NO_VALUES, w if w is not None else _NO_VALUES,
+        _MODE_CODE[cfg.norm_mode], cfg.gamma, cfg.adaptive_gamma_min_weight, cfg.norm_order == "after_discount",
+        cfg.norm_group == "group_turn", cfg.norm_adv_by_std, cfg.epsilon, cfg.ig_weight, cfg.scale_floor, cfg.scale_cap,
+        float(outcome_weight), float(ig_weight_schedule))
     if not np.isfinite(A).all():
         raise RuntimeError("IGPO advantage became non-finite (overflow in rewards or weights); refusing to return NaN.")
 
-    tokens = spread(A, bounds, response_mask, out)
+    tokens = spread(A, bounds, response_mask, out, count_tokens=with_metrics)
     if not with_metrics:
         return out, out, {}
-    return out, out, _metrics(stats, r, is_f, is_i, pen != 0, rows, g, num_groups, K, gamma, A, tokens)
+    rows = np.repeat(np.arange(B), K)
+    is_p = pen != 0 if pen is not None else np.zeros(n, bool)
+    return out, out, _metrics(stats, r, is_f, is_i, is_p, rows, g, num_groups, K, gamma, A, tokens)
+
+
+@numba.njit(cache=True, nogil=True)
+def _max_int(x):
+    top = x[0]
+    for j in range(1, x.shape[0]):
+        top = max(top, x[j])
+    return top
 
 
 WARMUP_TIMINGS = ("update_then_decide", "decide_then_update")

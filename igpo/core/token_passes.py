@@ -214,12 +214,13 @@ def find_boundaries(rewards: Tensor, outcome_mask: Tensor, ig_mask: Tensor, resp
                       (kind & _KIND_IN_MASK) != 0, pen if penalty is not None else None)
 
 
-def spread(A: np.ndarray, bounds: Boundaries, response_mask: Tensor, out: Tensor) -> np.ndarray:
+def spread(A: np.ndarray, bounds: Boundaries, response_mask: Tensor, out: Tensor,
+           count_tokens: bool = True) -> np.ndarray | None:
     """Fill ``out`` [B, L] from the boundary advantages A [nnz] (float64, in the order of ``bounds``): the tokens up
     to and including boundary k of row i get A of that boundary, the tail after the last boundary 0, tokens outside
     ``response_mask`` 0. ``out`` must hold zeros: the kernel does not write the tails (on a fresh zeroed allocation
     that saves writing the padding, about half of a long-horizon batch). Returns the response tokens of each
-    boundary's segment [nnz] (float64, exact integers).
+    boundary's segment [nnz] (float64, exact integers), or None with ``count_tokens=False``.
 
     Where ``bounds.runs`` gives a row's response as one run [t_0, t_1), the kernel fills each segment's part of it
     without reading the mask (its response tokens are that part's length); other rows read the mask."""
@@ -229,11 +230,11 @@ def spread(A: np.ndarray, bounds: Boundaries, response_mask: Tensor, out: Tensor
     if _use_kernels(out, response_mask, flat):
         first = np.zeros(B, np.int64)
         np.cumsum(K.numpy()[:-1], out=first[1:])
-        tokens = np.zeros(nnz)
+        tokens = np.zeros(nnz if count_tokens else 0)
         runs = bounds.runs if bounds.runs is not None else np.full((B, 2), -1, np.int64)
         _spread_kernel(A, flat.numpy(), K.numpy(), first, runs, response_mask.view(torch.uint8).numpy(), out.numpy(),
                        tokens)
-        return tokens
+        return tokens if count_tokens else None
     # Segment of every token as an index into [A, 0 per row]: boundaries strictly before it in its row (an exclusive
     # cumsum of the boundary indicator) offset by the row's first boundary; the tail maps to the row's 0.
     dev = out.device
@@ -245,6 +246,8 @@ def spread(A: np.ndarray, bounds: Boundaries, response_mask: Tensor, out: Tensor
     segment = torch.where(slot < K[:, None], first + slot, nnz + torch.arange(B, device=dev)[:, None])
     A_ext = torch.cat([torch.from_numpy(A).to(dev), torch.zeros(B, dtype=torch.float64, device=dev)])
     out.copy_(A_ext[segment].masked_fill_(~response_mask, 0.0))
+    if not count_tokens:
+        return None
     return torch.bincount(segment[response_mask], minlength=nnz + B)[:nnz].double().cpu().numpy()
 
 
@@ -502,12 +505,14 @@ def _gather_kernel(flat, rewards, outcome_mask, ig_mask, mask, values, has_penal
 
 @numba.njit(cache=True, nogil=True)
 def _spread_kernel(A, flat, K, first, runs, mask, out, tokens):
-    """Row by row, segment by segment, one loop that writes and counts; the tail after the last boundary is left as
-    it is (zeros). A row whose response is one run [t_0, t_1) (runs[b, 0] >= 0) is filled from t_0 to t_1 without
-    reading the mask (B=256, L=32768, every row one run, fresh zero pages: 3.9-4.05 ms against 4.3-4.45 ms reading
-    it; the floor's writes of the same bytes cost ~3.9 ms). Loops run over slice views: indexing a 2-D array from a computed start defeats LLVM's
-    vectorizer (numba's negative-index wraparound), a view's 0-based index does not."""
+    """Row by row, segment by segment, one loop that writes and counts (into ``tokens``, unless it has length 0); the
+    tail after the last boundary is left as it is (zeros). A row whose response is one run [t_0, t_1) (runs[b, 0] >= 0)
+    is filled from t_0 to t_1 without reading the mask (B=256, L=32768, every row one run, fresh zero pages: 3.9-4.05
+    ms against 4.3-4.45 ms reading it; the floor's writes of the same bytes cost ~3.9 ms). Loops run over slice views:
+    indexing a 2-D array from a computed start defeats LLVM's vectorizer (numba's negative-index wraparound), a view's
+    0-based index does not."""
     B, L = mask.shape
+    count = tokens.shape[0] != 0
     for b in range(B):
         start = 0
         run_start, run_end = runs[b, 0], runs[b, 1]
@@ -517,16 +522,18 @@ def _spread_kernel(A, flat, K, first, runs, mask, out, tokens):
                 o = out[b, max(start, run_start):min(end, run_end)]
                 for t in range(o.shape[0]):
                     o[t] = a
-                tokens[p] = o.shape[0]
+                if count:
+                    tokens[p] = o.shape[0]
                 start = end
             continue
         for p in range(first[b], first[b] + K[b]):
             end, a = flat[p] - b * L + 1, A[p]
             m = mask[b, start:end]
             o = out[b, start:end]
-            count = 0
+            n_tokens = 0
             for t in range(m.shape[0]):
                 o[t] = a if m[t] else 0.0
-                count += m[t]
-            tokens[p] = count
+                n_tokens += m[t]
+            if count:
+                tokens[p] = n_tokens
             start = end

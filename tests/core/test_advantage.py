@@ -486,3 +486,40 @@ def test_positions_built_for_another_layout_are_refused():
             advantage_at_boundaries(bounds, other, torch.arange(other.shape[0]), AdvantageConfig())
     with pytest.raises(ValueError, match="integer array"):
         Boundaries.at(np.array([0.0]), np.array([3]), np.array([1.0]), np.array([True]), np.array([False]), None, m)
+
+
+def test_two_outcomes_in_one_row_are_refused():
+    from igpo.core.advantage import advantage_at_boundaries
+    from igpo.core.token_passes import Boundaries
+
+    m = torch.ones(2, 40, dtype=torch.bool)
+    bounds = Boundaries.at(np.array([0, 0, 1]), np.array([10, 39, 39]), np.array([1.0, 0.0, 1.0]),
+                           np.array([True, True, True]), np.array([False, False, False]), None, m)
+    with pytest.raises(ValueError, match="more than one outcome position"):
+        advantage_at_boundaries(bounds, m, torch.arange(2), AdvantageConfig())
+
+
+@pytest.mark.parametrize("mode,order,group", [("joint", "before_discount", "group"),
+                                              ("scaled_separate", "before_discount", "group_turn"),
+                                              ("raw_ig", "before_discount", "group"),
+                                              ("separate", "after_discount", "group")])
+def test_no_penalty_and_no_weights_are_the_arithmetic_of_zeros_and_ones(mode, order, group):
+    """Positions without penalties or pool weights (None) skip those arrays; the advantages are bit for bit those of
+    an all-zero penalty and all-one weights, the sign of a zero included."""
+    from igpo.core.advantage import advantage_at_boundaries
+    from igpo.core.token_passes import Boundaries
+
+    rewards, F, I, m, group_ids, _ = random_batch(4, 4, 96, 6, seed=3)
+    rows, positions = torch.nonzero(F | I, as_tuple=True)
+    rows, positions = rows.numpy(), positions.numpy()
+    r = rewards[rows, positions].double().numpy()
+    is_f, is_i = F[rows, positions].numpy(), I[rows, positions].numpy()
+    cfg = AdvantageConfig(norm_mode=mode, norm_order=order, norm_group=group, gamma=0.9)
+    bare = Boundaries.at(rows, positions, r, is_f, is_i, None, m)
+    explicit = Boundaries.at(rows, positions, r, is_f, is_i, np.zeros(len(r)), m, weight=np.ones(len(r)))
+    a, _, metrics_a = advantage_at_boundaries(bare, m, group_ids, cfg)
+    b, _, metrics_b = advantage_at_boundaries(explicit, m, group_ids, cfg)
+    assert torch.equal(a.view(torch.int32), b.view(torch.int32))
+    assert metrics_a == metrics_b
+    quiet, _, none = advantage_at_boundaries(bare, m, group_ids, cfg, with_metrics=False)
+    assert torch.equal(quiet.view(torch.int32), a.view(torch.int32)) and none == {}
