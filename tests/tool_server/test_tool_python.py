@@ -112,7 +112,8 @@ def test_no_network_a_listening_port_gets_no_connection(server):
 
 
 @pytest.mark.parametrize("path", [str(ROOT / ".env"), str(ROOT / "README.md"), str(ROOT / "pyproject.toml"),
-                                  "/etc/passwd", "../../../../../../etc/hostname"])
+                                  "/etc/passwd", "../../../../../../etc/hostname"],
+                         ids=["repo/.env", "repo/README.md", "repo/pyproject.toml", "/etc/passwd", "relative-escape"])
 def test_files_outside_scratch_cannot_be_read(server, path):
     result = run_code(server, f"print(open({path!r}).read())")
     assert_models_fault(result, "is not allowed")
