@@ -9,7 +9,8 @@ prints the plan, ending with
 A launch (and ``--dry-run --probe``) also calls the LLM judge once when a reward uses it; one that does not answer
 stops here with ``igpo: upstream error: judge at <url>: <what came back>; <fix>`` (exit 2). A Ray node whose workers
 cannot reach the tool server (``igpo.integration.node_reach``, checked by the trainer once Ray is up) stops the launch
-with one ``igpo: upstream error: tool server at <url> from Ray node ...`` line per node (exit 2).
+with one ``igpo: upstream error: tool server at <url> from Ray node ...`` line per node (exit 2). Everything after
+Hydra's composition is ``run(config, dry_run, probe)``, which returns the exit status.
 
 ``python -m verl.trainer.main_ppo --config-path configs --config-name igpo_trainer`` runs the same config without
 the planning (set the planned keys yourself).
@@ -83,24 +84,27 @@ def prepare(config, dry_run: bool):
     return plan
 
 
-@hydra.main(config_path=CONFIG_DIR, config_name="igpo_trainer", version_base=None)
-def main(config) -> None:
+def run(config, dry_run: bool = False, probe: bool = False) -> int:
+    """Everything after Hydra composed ``config``: plan and validate it (``prepare``), print the plan, call the LLM
+    judge (a launch, or a dry run with ``probe``), then print the plan's line (dry run) or train. Returns the exit
+    status: 0, or 2 after printing ``igpo: configuration error: ...`` or ``igpo: upstream error: ...``. The entry
+    point below runs it; tests run it in their own process on a config they compose."""
     try:
-        plan = prepare(config, _dry_run)
+        plan = prepare(config, dry_run)
     except ConfigError as error:
         print(f"igpo: configuration error: {error}", file=sys.stderr)
-        sys.exit(2)
+        return 2
     for line in plan.describe():
         print(line, flush=True)
-    if not _dry_run or _probe:  # before Ray starts: a dead judge stops the launch, not the run hours later
+    if not dry_run or probe:  # before Ray starts: a dead judge stops the launch, not the run hours later
         problems = probe_upstreams(config)
         for line in problems:
             print(f"igpo: {line}", file=sys.stderr, flush=True)
         if problems:
-            sys.exit(2)
-    if _dry_run:
+            return 2
+    if dry_run:
         print(plan.line(), flush=True)
-        return
+        return 0
     from verl.trainer import main_ppo as verl_main
 
     try:
@@ -111,7 +115,15 @@ def main(config) -> None:
             raise
         for line in str(unreachable).splitlines():  # the trainer's per-node check, raised inside Ray's task runner
             print(f"igpo: {line}", file=sys.stderr, flush=True)
-        sys.exit(2)
+        return 2
+    return 0
+
+
+@hydra.main(config_path=CONFIG_DIR, config_name="igpo_trainer", version_base=None)
+def main(config) -> None:
+    status = run(config, _dry_run, _probe)
+    if status:
+        sys.exit(status)
 
 
 def check_overrides(argv: list[str]) -> None:
