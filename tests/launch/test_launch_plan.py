@@ -12,6 +12,7 @@ from hydra import compose, initialize_config_dir
 from igpo.agent.agent_config import RolloutScoringConfig
 from igpo.config import ConfigError
 from igpo.launch.launch_plan import Environment, plan_launch
+from launch_dry_run import dry_run_in_process, script_dry_run
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = {"data.train_files": str(REPO / "data" / "train_nq_256.parquet"),
@@ -154,28 +155,38 @@ def test_score_on_has_one_default():
     assert config.algorithm.igpo.score_on == RolloutScoringConfig.score_on == "actor"
 
 
-def _dry_run(env_extra, *overrides):
-    env = {**os.environ, **env_extra}
-    env.pop("CUDA_VISIBLE_DEVICES", None)
-    proc = subprocess.run(["bash", "train_igpo.sh", "--dry-run", *overrides], cwd=REPO, env=env, text=True,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)
-    return proc.returncode, proc.stdout
+# The dry run. One test per path through train_igpo.sh runs the script itself (script_dry_run): the one-GPU preset
+# with a user's override and igpo.main's refusal, GPUs counted from CUDA_VISIBLE_DEVICES, IGPO_GPUS without
+# --dry-run, the training Python (and a recipe, tests/launch/test_recipes.py). The other dry runs run what the
+# script's last step runs, igpo.main.run, in this process on the overrides the script passes (dry_run_in_process).
 
 
-def test_dry_run_plans_eight_and_one_gpus_without_any_gpu(qwen3_4b):
-    rc, out = _dry_run({"IGPO_GPUS": "8", "MODEL_PATH": str(qwen3_4b)})
+def test_dry_run_plans_eight_and_one_gpus_without_any_gpu(qwen3_4b, capsys):
+    rc, out = dry_run_in_process(capsys, qwen3_4b, gpus=8)
     assert rc == 0, out[-3000:]
     last = out.strip().splitlines()[-1]
     assert last.startswith("igpo: dry run ok: gpus=8 nodes=1 rollout=vllm tp=2 sp=1 context_tokens=28672 "
                            "score_on=actor attn=sdpa tokens_per_gpu=28672"), last
-    rc, out = _dry_run({"IGPO_GPUS": "1", "MODEL_PATH": str(qwen3_4b)})
+    rc, out = dry_run_in_process(capsys, qwen3_4b, gpus=1, preset=("gpu_preset=gpu1",))
     assert rc == 0, out[-3000:]
     assert out.strip().splitlines()[-1].startswith("igpo: dry run ok: gpus=1 nodes=1 rollout=vllm tp=1 sp=1 "
                                                    "context_tokens=28672"), out[-1000:]
 
 
-def test_dry_run_with_sdpa_does_not_plan_more_tokens_than_one_gpu_holds(qwen3_4b):
-    rc, out = _dry_run({"IGPO_GPUS": "8", "MODEL_PATH": str(qwen3_4b)}, "igpo_launch.attention=sdpa")
+def test_the_script_hands_the_one_gpu_preset_and_the_overrides_to_the_planner(qwen3_4b):
+    """IGPO_GPUS=1 picks the gpu1 preset (4 prompts a step), a user's override reaches igpo.main after it, and
+    igpo.main's refusal comes back through the script as exit 2 with its message."""
+    rc, out = script_dry_run({"IGPO_GPUS": "1", "MODEL_PATH": str(qwen3_4b)},
+                             "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+                             unset=("CUDA_VISIBLE_DEVICES", "IGPO_PRESET", "IGPO_RECIPE"))
+    assert rc == 2, out[-3000:]
+    assert "igpo: 1 GPU(s) per node: preset gpu1" in out, out[-3000:]
+    assert ("igpo: configuration error: actor_rollout_ref.actor.ppo_mini_batch_size=8 > data.train_batch_size=4"
+            in out), out[-3000:]
+
+
+def test_dry_run_with_sdpa_does_not_plan_more_tokens_than_one_gpu_holds(qwen3_4b, capsys):
+    rc, out = dry_run_in_process(capsys, qwen3_4b, "igpo_launch.attention=sdpa")
     assert rc == 0, out[-3000:]
     assert "igpo: note: context capped at 28672 tokens (of 131072)" in out, out[-3000:]
     last = out.strip().splitlines()[-1]
@@ -183,17 +194,17 @@ def test_dry_run_with_sdpa_does_not_plan_more_tokens_than_one_gpu_holds(qwen3_4b
 
 
 @pytest.mark.parametrize("mode", ["separate_async", "colocate_async"])
-def test_dry_run_refuses_an_async_trainer_mode_that_would_drop_information_gain(qwen3_4b, mode):
-    rc, out = _dry_run({"IGPO_GPUS": "8", "MODEL_PATH": str(qwen3_4b)}, f"trainer.v1.trainer_mode={mode}")
+def test_dry_run_refuses_an_async_trainer_mode_that_would_drop_information_gain(qwen3_4b, capsys, mode):
+    rc, out = dry_run_in_process(capsys, qwen3_4b, f"trainer.v1.trainer_mode={mode}")
     assert rc == 2, out[-3000:]
     assert (f"igpo: configuration error: algorithm.adv_estimator=igpo needs trainer.v1.trainer_mode=igpo_sync "
             f"(got '{mode}')") in out, out[-3000:]
 
 
-def test_dry_run_reports_a_layout_verl_rejects(qwen3_4b):
-    rc, out = _dry_run({"IGPO_GPUS": "8", "MODEL_PATH": str(qwen3_4b)}, "actor_rollout_ref.actor.use_dynamic_bsz=false",
-                       "data.train_batch_size=3", "actor_rollout_ref.actor.ppo_mini_batch_size=3",
-                       "actor_rollout_ref.rollout.n=3")
+def test_dry_run_reports_a_layout_verl_rejects(qwen3_4b, capsys):
+    rc, out = dry_run_in_process(capsys, qwen3_4b, "actor_rollout_ref.actor.use_dynamic_bsz=false",
+                                 "data.train_batch_size=3", "actor_rollout_ref.actor.ppo_mini_batch_size=3",
+                                 "actor_rollout_ref.rollout.n=3")
     assert rc == 2, out[-3000:]
     assert "igpo: configuration error: verl rejects this layout: real_train_batch_size (9) must be divisible" in out
 
@@ -211,15 +222,11 @@ def test_gpus_are_counted_from_cuda_visible_devices_not_every_gpu_of_the_machine
     smi = fake_bin / "nvidia-smi"  # a machine with 4 GPUs, as nvidia-smi lists them whatever CUDA_VISIBLE_DEVICES says
     smi.write_text("#!/bin/sh\nfor i in 0 1 2 3; do echo \"GPU $i: NVIDIA H200 (UUID: GPU-$i)\"; done\n")
     smi.chmod(0o755)
-    env = {**os.environ, "PATH": f"{fake_bin}:{os.environ['PATH']}", "MODEL_PATH": str(qwen3_4b),
-           "CUDA_VISIBLE_DEVICES": "1,3"}
-    env.pop("IGPO_GPUS", None)
-    env.pop("IGPO_DEVICE", None)
-    proc = subprocess.run(["bash", "train_igpo.sh", "--dry-run"], cwd=REPO, env=env, text=True,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:]
-    assert "igpo: 2 GPU(s) per node: preset node8" in proc.stdout
-    assert proc.stdout.strip().splitlines()[-1].startswith("igpo: dry run ok: gpus=2 nodes=1 rollout=vllm tp=2")
+    rc, out = script_dry_run({"PATH": f"{fake_bin}:{os.environ['PATH']}", "MODEL_PATH": str(qwen3_4b),
+                              "CUDA_VISIBLE_DEVICES": "1,3"}, unset=("IGPO_GPUS", "IGPO_DEVICE"))
+    assert rc == 0, out[-3000:]
+    assert "igpo: 2 GPU(s) per node: preset node8" in out
+    assert out.strip().splitlines()[-1].startswith("igpo: dry run ok: gpus=2 nodes=1 rollout=vllm tp=2")
 
 
 VLLM_CPU_PY = REPO / ".venv-vllm" / "bin" / "python"
@@ -229,6 +236,6 @@ VLLM_CPU_PY = REPO / ".venv-vllm" / "bin" / "python"
 def test_dry_run_plans_in_the_environment_the_run_will_use(qwen3_4b):
     """IGPO_PYTHON (or .venv-gpu/) is the training Python; the dry run plans there, not in the CPU .venv. The vLLM
     CPU environment stands in for a GPU one here: it has vLLM and everything else env.sh checks for."""
-    rc, out = _dry_run({"IGPO_GPUS": "8", "MODEL_PATH": str(qwen3_4b), "IGPO_PYTHON": str(VLLM_CPU_PY)})
+    rc, out = script_dry_run({"IGPO_GPUS": "8", "MODEL_PATH": str(qwen3_4b), "IGPO_PYTHON": str(VLLM_CPU_PY)})
     assert rc == 0, out[-3000:]
     assert f"python {VLLM_CPU_PY}" in out, out[-3000:]

@@ -1,5 +1,6 @@
-"""Recipes (configs/recipe/*.yaml, igpo/launch/recipes.py): each composes, is tagged, and passes `train_igpo.sh --dry-run`
-on its stated hardware (8 GPUs, config-only model directories: no weights, no GPU); the evaluation harness sets our
+"""Recipes (configs/recipe/*.yaml, igpo/launch/recipes.py): each composes, is tagged, and passes the dry run on its
+stated hardware (8 GPUs, config-only model directories: no weights, no GPU; igpo.main's dry run in this process, and
+one recipe through `train_igpo.sh --dry-run` itself); the evaluation harness sets our
 scores beside the published table; `show` traces every value and `diff` explains every difference from the
 published launch scripts; and (e2e) a CPU rehearsal of search_r1_local trains two steps through the
 retriever backend pointed at our own /retrieve, then evaluates with the recipe's table."""
@@ -19,6 +20,7 @@ from guarded_run import run_guarded
 from hydra import compose, initialize_config_dir
 
 from igpo.launch.recipes import RecipeError, available, comparison_table, load_recipe, main, recipe_lines
+from launch_dry_run import dry_run_in_process, script_dry_run
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPES = ("search_r1_local", "igpo_web", "drvenus_long")
@@ -92,21 +94,31 @@ def test_recipe_composes_over_the_gpu_preset(name):
         assert config.algorithm.igpo.ig_tool_filter == "visit" and config.igpo_launch.sequence_parallel == 8
 
 
-def _dryrun_guarded(env_extra: dict, *overrides: str) -> tuple[int, str]:
-    env = {**os.environ, **env_extra}
-    for key in ("CUDA_VISIBLE_DEVICES", "TOOL_BACKEND", "TOOL_TOPK", "IGPO_PRESET"):
-        env.pop(key, None)
-    proc = subprocess.run(["bash", "train_igpo.sh", "--dry-run", *overrides], cwd=REPO, env=env, text=True,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)
-    return proc.returncode, proc.stdout
+# drvenus_long's reward is the LLM judge: planning checks that its endpoint is configured (.env on the cluster)
+JUDGE = {"JUDGE_MODEL_NAME": "judge", "JUDGE_API_BASE": "http://127.0.0.1:9/v1"}
+# what a recipe's launch must not inherit from the environment the tests run in
+UNSET = ("CUDA_VISIBLE_DEVICES", "TOOL_BACKEND", "TOOL_TOPK", "IGPO_PRESET")
 
 
 @pytest.mark.parametrize("name", RECIPES)
-def test_dry_run_passes_on_the_stated_hardware(tmp_path_factory, name):
-    # drvenus_long's reward is the LLM judge: planning checks that its endpoint is configured (.env on the cluster)
-    judge = {"JUDGE_MODEL_NAME": "judge", "JUDGE_API_BASE": "http://127.0.0.1:9/v1"}
-    rc, out = _dryrun_guarded({"IGPO_RECIPE": name, "IGPO_GPUS": "8", "MODEL_PATH": str(model_dir(tmp_path_factory, name)),
-                        "TRAIN_FILE": str(REPO / "data" / "train_nq_256.parquet"), **judge})
+def test_dry_run_passes_on_the_stated_hardware(tmp_path_factory, capsys, monkeypatch, name):
+    """igpo.main's dry run (in this process) with the overrides train_igpo.sh passes for IGPO_RECIPE=<name>
+    IGPO_GPUS=8; test_the_script_plans_a_recipe runs the script itself once."""
+    for key, value in JUDGE.items():
+        monkeypatch.setenv(key, value)
+    rc, out = dry_run_in_process(capsys, model_dir(tmp_path_factory, name), gpus=8, preset=(f"recipe={name}",))
+    assert rc == 0, out[-3000:]
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("igpo: dry run ok: " + EXPECTED_PLAN[name]), last
+
+
+def test_the_script_plans_a_recipe(tmp_path_factory):
+    """IGPO_RECIPE through train_igpo.sh: the recipe in place of the preset, the judge's endpoint from the
+    environment, the plan on 8 GPUs."""
+    name = "drvenus_long"
+    rc, out = script_dry_run({"IGPO_RECIPE": name, "IGPO_GPUS": "8",
+                              "MODEL_PATH": str(model_dir(tmp_path_factory, name)),
+                              "TRAIN_FILE": str(REPO / "data" / "train_nq_256.parquet"), **JUDGE}, unset=UNSET)
     assert rc == 0, out[-3000:]
     assert f"preset recipe {name}" in out
     last = out.strip().splitlines()[-1]
@@ -117,7 +129,7 @@ def test_dry_run_passes_on_the_stated_hardware(tmp_path_factory, name):
 def test_a_recipe_without_train_file_names_its_data_and_refuses(tmp_path_factory, name):
     """Never the 256-row sample by default: a recipe reproduces a paper on the paper's data."""
     env = {"IGPO_RECIPE": name, "IGPO_GPUS": "8", "MODEL_PATH": str(model_dir(tmp_path_factory, name)), "TRAIN_FILE": ""}
-    rc, out = _dryrun_guarded(env)
+    rc, out = script_dry_run(env, unset=UNSET)
     assert rc == 2, out[-3000:]
     data = load_recipe(name).train_data
     assert f"igpo: configuration error: IGPO_RECIPE={name} trains on its own data: {data}. Set TRAIN_FILE=" in out, out
@@ -126,8 +138,8 @@ def test_a_recipe_without_train_file_names_its_data_and_refuses(tmp_path_factory
 
 
 def test_unknown_recipe_is_a_configuration_error(tmp_path_factory):
-    rc, out = _dryrun_guarded({"IGPO_RECIPE": "nope", "IGPO_GPUS": "8",
-                        "MODEL_PATH": str(model_dir(tmp_path_factory, "igpo_web"))})
+    rc, out = script_dry_run({"IGPO_RECIPE": "nope", "IGPO_GPUS": "8",
+                              "MODEL_PATH": str(model_dir(tmp_path_factory, "igpo_web"))}, unset=UNSET)
     assert rc == 2 and "recipe 'nope'" in out and "search_r1_local" in out
 
 
@@ -260,7 +272,6 @@ def test_every_difference_from_the_published_script_is_explained(name, tmp_path,
 # ------------------------------------------------------------------------------------------------ CPU rehearsal
 
 
-@pytest.mark.e2e
 @pytest.mark.e2e
 def test_cpu_rehearsal_of_search_r1_local(tmp_path):
     """The recipe scaled down (configs/rehearsal/cpu.yaml): tiny model, EM reward, search only, the retriever backend
