@@ -8,9 +8,10 @@ from guarded_run import run_guarded
 
 def test_a_process_left_behind_is_reported_and_killed():
     leftovers: list[str] = []
-    # its output elsewhere, as Ray's processes write to their log files (one holding the pipe would hold the runner)
+    # its output elsewhere, as Ray's processes write to their log files (one holding the pipe would hold the runner);
+    # a sleep does not shut down, so the 15 s a Ray cluster is given to exit would only be waited out
     rc, out = run_guarded(["bash", "-c", "sleep 91 > /dev/null 2>&1 & echo started"], dict(os.environ), timeout=60,
-                          leftovers=leftovers)
+                          leftovers=leftovers, settle_s=2.0)
     assert rc == 0 and "started" in out
     assert len(leftovers) == 1 and "sleep 91" in leftovers[0], leftovers
     # the group was killed afterwards: nothing of it is left

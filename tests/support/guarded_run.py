@@ -41,18 +41,19 @@ def _live_members(group: int) -> list[str]:
 
 
 def run_guarded(args: list[str], env: dict[str, str], timeout: float,
-                leftovers: list[str] | None = None) -> tuple[int, str]:
+                leftovers: list[str] | None = None, settle_s: float = 15.0) -> tuple[int, str]:
     """(exit code, stdout + stderr) of ``args`` run in the repository root in its own process group; on timeout the
     test fails with the output's tail. The whole group (Ray, the tool server) is killed afterwards in any case.
 
-    ``leftovers``, when given, receives the processes of the group still running 15 s after the command exited (its
-    Ray cluster, tool server and workers are in that group unless they left it): a clean exit leaves it empty."""
+    ``leftovers``, when given, receives the processes of the group still running ``settle_s`` after the command
+    exited (its Ray cluster, tool server and workers are in that group unless they left it, and take some seconds to
+    shut down): a clean exit leaves it empty."""
     proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     try:
         out, _ = proc.communicate(timeout=timeout)
         if leftovers is not None:
-            deadline = time.monotonic() + 15
+            deadline = time.monotonic() + settle_s
             while (live := _live_members(proc.pid)) and time.monotonic() < deadline:
                 time.sleep(0.5)
             leftovers.extend(live)
