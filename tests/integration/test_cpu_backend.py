@@ -1,13 +1,16 @@
 """The CPU backend without Ray: the HF rollout server's sampling log-probs and vLLM-style prompt_logprobs match a
-plain forward of the same model; the plugin registers everything in a fresh process."""
+plain forward of the same model; the plugin registers everything in a fresh process.
+
+The fresh processes are children forked from one Python that has imported torch, transformers, ray and the other
+third-party libraries but nothing of igpo, verl or tool_server (fresh_imports.py): what the tests check happens in the
+child as in ``python -c``, for one interpreter start instead of one per process (~6 CPU-seconds each here)."""
 
 import asyncio
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
+
+from fresh_imports import run_fresh
 
 
 def test_hf_server_logprobs_match_a_plain_forward(tiny_model_dir):
@@ -93,56 +96,66 @@ def test_hf_server_rejects_a_prompt_that_fills_the_context(tiny_model_dir):
         asyncio.run(server.generate([1, 2, 3, 4], {}, request_id="x"))
 
 
-def test_plugin_registers_everything_in_a_fresh_process():
-    code = (
-        "import verl, igpo.plugin as p\n"
-        "from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY as A\n"
-        "from verl.experimental.agent_loop.agent_loop import _agent_loop_registry as L\n"
-        "from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY as T\n"
-        "from verl.workers.rollout.replica import RolloutReplicaRegistry as R\n"
-        "from verl.plugin.platform.platform_manager import PlatformRegistry as P\n"
-        "assert not p.FAILED, p.FAILED\n"
-        "assert 'igpo' in A and 'grpo_info_gain' in A and 'igpo_agent' in L and 'igpo_sync' in T\n"
-        "assert 'hf' in R._registry and P.get('cpu') is not None\n"
-        "print('ok')\n"
-    )
-    result = subprocess.run([sys.executable, "-c", code], env={**os.environ, "VERL_PLATFORM": "cpu"},
-                            capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-3000:]
-
+PLUGIN_CODE = (
+    "import verl, igpo.plugin as p\n"
+    "from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY as A\n"
+    "from verl.experimental.agent_loop.agent_loop import _agent_loop_registry as L\n"
+    "from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY as T\n"
+    "from verl.workers.rollout.replica import RolloutReplicaRegistry as R\n"
+    "from verl.plugin.platform.platform_manager import PlatformRegistry as P\n"
+    "assert not p.FAILED, p.FAILED\n"
+    "assert 'igpo' in A and 'grpo_info_gain' in A and 'igpo_agent' in L and 'igpo_sync' in T\n"
+    "assert 'hf' in R._registry and P.get('cpu') is not None\n"
+    "print('ok')\n"
+)
 
 FIRST_IMPORTS = ["igpo.integration.actor_worker", "igpo.agent.agent_loop", "igpo.agent.arpo_loop",
                  "igpo.integration.estimator", "igpo.integration.trainer", "igpo.integration.actor_scoring",
                  "igpo.cpu.hf_rollout", "igpo.config"]
+FIRST_IMPORT_CODE = (
+    "import importlib, sys\n"
+    "importlib.import_module(sys.argv[1])\n"
+    "import igpo.plugin as p\n"
+    "from hydra.utils import get_class\n"
+    "from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY as A\n"
+    "from verl.experimental.agent_loop.agent_loop import _agent_loop_registry as L\n"
+    "from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY as T\n"
+    "assert not p.FAILED, p.FAILED\n"
+    "assert 'igpo' in A and 'grpo_info_gain' in A and 'igpo_sync' in T, (sorted(A), sorted(T))\n"
+    "assert get_class(L['igpo_agent']['_target_']).__name__ == 'IGPOAgentLoop'\n"
+    "assert get_class(L['arpo_agent']['_target_']).__name__ == 'ARPOAgentLoop'\n"
+    "print('ok')\n"
+)
+
+REACH_PROBE_CODE = "import sys, igpo.integration.node_reach\nassert 'verl' not in sys.modules\nprint('ok')\n"
+
+
+@pytest.fixture(scope="module")
+def fresh():
+    """{name: {"returncode", "stdout", "stderr"}} of each snippet of this file, each run in a fresh process."""
+    jobs = {"plugin": {"code": PLUGIN_CODE, "env": {"VERL_PLATFORM": "cpu"}},
+            "reach_probe": {"code": REACH_PROBE_CODE},
+            **{first: {"code": FIRST_IMPORT_CODE, "argv": [first]} for first in FIRST_IMPORTS}}
+    return dict(zip(jobs, run_fresh(list(jobs.values()))))
+
+
+def test_plugin_registers_everything_in_a_fresh_process(fresh):
+    result = fresh["plugin"]
+    assert result["returncode"] == 0 and "ok" in result["stdout"], result["stderr"][-3000:]
 
 
 @pytest.mark.parametrize("first", FIRST_IMPORTS)
-def test_importing_any_of_our_modules_first_loads_every_registration(first):
+def test_importing_any_of_our_modules_first_loads_every_registration(fresh, first):
     """A Ray worker that unpickles a class of ours imports its module before anything else (the actor worker; the
     agent loop; a probe task): that import reaches verl, whose plugin hook then imports the registering modules while
     the first one is half imported. Every registration must still load, with no warning, and the agent loops must be
     the classes their paths name. One process per first import."""
-    script = (
-        "import importlib, sys\n"
-        "importlib.import_module(sys.argv[1])\n"
-        "import igpo.plugin as p\n"
-        "from hydra.utils import get_class\n"
-        "from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY as A\n"
-        "from verl.experimental.agent_loop.agent_loop import _agent_loop_registry as L\n"
-        "from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY as T\n"
-        "assert not p.FAILED, p.FAILED\n"
-        "assert 'igpo' in A and 'grpo_info_gain' in A and 'igpo_sync' in T, (sorted(A), sorted(T))\n"
-        "assert get_class(L['igpo_agent']['_target_']).__name__ == 'IGPOAgentLoop'\n"
-        "assert get_class(L['arpo_agent']['_target_']).__name__ == 'ARPOAgentLoop'\n"
-        "print('ok')\n"
-    )
-    result = subprocess.run([sys.executable, "-c", script, first], capture_output=True, text=True, timeout=180)
-    assert result.returncode == 0 and "ok" in result.stdout, (first, result.stderr[-3000:])
-    assert "failed to import" not in result.stderr, (first, result.stderr[-3000:])
+    result = fresh[first]
+    assert result["returncode"] == 0 and "ok" in result["stdout"], (first, result["stderr"][-3000:])
+    assert "failed to import" not in result["stderr"], (first, result["stderr"][-3000:])
 
 
-def test_the_tool_server_reach_probe_does_not_import_verl():
+def test_the_tool_server_reach_probe_does_not_import_verl(fresh):
     """The probe's Ray task unpickles igpo.integration.node_reach alone; importing verl there started a plugin import cycle."""
-    code = "import sys, igpo.integration.node_reach\nassert 'verl' not in sys.modules\nprint('ok')\n"
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-3000:]
+    result = fresh["reach_probe"]
+    assert result["returncode"] == 0 and "ok" in result["stdout"], result["stderr"][-3000:]
