@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
+import runpy
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -194,12 +195,17 @@ def test_fork_only_values_are_refused():
     ("algorithm.info_gain_norm_mode=joint", "algorithm.igpo.norm_mode"),
     ("+max_turns=200", "algorithm.igpo.agent.max_turns"),
 ])
-def test_the_entry_point_exits_2_naming_our_key(override, ours_key):
-    """Before Hydra composes anything (so fast): exit 2 and our key in the message."""
-    done = subprocess.run([sys.executable, "-m", "igpo.main", "--dry-run", override], cwd=REPO, capture_output=True,
-                          text=True, timeout=300)
-    assert done.returncode == 2, done.stderr[-2000:]
-    assert "igpo: configuration error" in done.stderr and ours_key in done.stderr
+def test_the_entry_point_exits_2_naming_our_key(override, ours_key, monkeypatch, capsys):
+    """Before Hydra composes anything: exit 2 and our key in the message. ``python -m igpo.main --dry-run <override>``
+    run as runpy runs it for ``-m``, in this process (a fresh Python would only import torch again)."""
+    monkeypatch.setattr(sys, "argv", ["igpo.main", "--dry-run", override])
+    with warnings.catch_warnings(), pytest.raises(SystemExit) as exited:
+        # another test module may have imported igpo.main already; under `python -m` nothing has
+        warnings.filterwarnings("ignore", message="'igpo.main' found in sys.modules", category=RuntimeWarning)
+        runpy.run_module("igpo.main", run_name="__main__", alter_sys=True)
+    stderr = capsys.readouterr().err
+    assert exited.value.code == 2, stderr[-2000:]
+    assert "igpo: configuration error" in stderr and ours_key in stderr
 
 
 # ---- the advantage: DR-Venus' grpo_info_gain estimator on random batches --------------------------------------------
