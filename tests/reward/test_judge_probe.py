@@ -2,7 +2,11 @@
 (``igpo.reward.judge.probe_judge``, from ``igpo.main.probe_upstreams``), against ``tests/support/fake_openai.py`` over real HTTP.
 A judge that is down or refuses the key stops the launch before Ray with
 ``igpo: upstream error: judge at <url>: <what came back>; <fix>`` and exit 2, the key masked; a live one lets the
-launch go on; a reward without the judge sends it nothing."""
+launch go on; a reward without the judge sends it nothing.
+
+The live judge's launch runs the command itself (``--dry-run --probe`` read from the command line, the exit status);
+the others run what it runs once Hydra has composed the config, ``igpo.main.run``, in this process: a fresh Python
+would only import torch and verl again (~6 CPU-seconds a launch)."""
 from __future__ import annotations
 
 import json
@@ -14,7 +18,9 @@ from pathlib import Path
 
 import pytest
 from fake_openai import FakeOpenAI, Reply
+from hydra import compose, initialize_config_dir
 
+import igpo.main
 from igpo.reward.judge import JUDGE_FIX, JudgeConfig, probe_judge
 
 REPO = Path(__file__).resolve().parents[2]
@@ -41,21 +47,46 @@ def model_dir(tmp_path_factory) -> Path:
     return folder
 
 
-def launch(model_dir: Path, api_base: str, reward_type: str = "llm") -> tuple[int, str]:
+OVERRIDES = (f"data.train_files={REPO / 'data' / 'train_nq_256.parquet'}",
+             f"data.val_files={REPO / 'data' / 'qa_test_7src.parquet'}")
+UNSET = ("API_BASE", "API_KEY", "ENABLE_JUDGE_THINKING", "RAY_ADDRESS")
+
+
+def launch_command(model_dir: Path, api_base: str) -> tuple[int, str]:
     """``python -m igpo.main --dry-run --probe`` (the probe a real launch runs before Ray), output and exit code."""
     env = {**os.environ, "JUDGE_API_BASE": api_base, "JUDGE_API_KEY": KEY, "JUDGE_MODEL_NAME": "judge-model"}
-    for name in ("API_BASE", "API_KEY", "ENABLE_JUDGE_THINKING", "RAY_ADDRESS"):
+    for name in UNSET:
         env.pop(name, None)
     proc = subprocess.run(
         [sys.executable, "-m", "igpo.main", "--dry-run", "--probe", "--config-name", "igpo_trainer",
-         f"actor_rollout_ref.model.path={model_dir}", f"data.train_files={REPO / 'data' / 'train_nq_256.parquet'}",
-         f"data.val_files={REPO / 'data' / 'qa_test_7src.parquet'}",
-         f"+reward.custom_reward_function.reward_kwargs.train_reward_type={reward_type}"],
+         f"actor_rollout_ref.model.path={model_dir}", *OVERRIDES,
+         "+reward.custom_reward_function.reward_kwargs.train_reward_type=llm"],
         cwd=REPO, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)
     return proc.returncode, proc.stdout
 
 
-def test_a_dead_judge_stops_the_launch_with_its_url_and_the_fix(model_dir):
+@pytest.fixture
+def launch(monkeypatch, capsys, caplog):
+    """``launch(model_dir, api_base, reward_type)``: what ``python -m igpo.main --dry-run --probe`` runs (the probe a
+    real launch runs before Ray) with the judge's environment set: (exit status, everything it printed or logged)."""
+    def run(model_dir: Path, api_base: str, reward_type: str = "llm") -> tuple[int, str]:
+        monkeypatch.setenv("JUDGE_API_BASE", api_base)
+        monkeypatch.setenv("JUDGE_API_KEY", KEY)
+        monkeypatch.setenv("JUDGE_MODEL_NAME", "judge-model")
+        for name in UNSET:
+            monkeypatch.delenv(name, raising=False)
+        overrides = [f"actor_rollout_ref.model.path={model_dir}", *OVERRIDES,
+                     f"+reward.custom_reward_function.reward_kwargs.train_reward_type={reward_type}"]
+        with initialize_config_dir(config_dir=str(REPO / "configs"), version_base=None):
+            config = compose(config_name="igpo_trainer", overrides=overrides)
+        status = igpo.main.run(config, dry_run=True, probe=True)
+        captured = capsys.readouterr()
+        return status, captured.err + captured.out + caplog.text  # the log too: a key leaked there counts
+
+    return run
+
+
+def test_a_dead_judge_stops_the_launch_with_its_url_and_the_fix(model_dir, launch):
     base = dead_base()
     rc, out = launch(model_dir, base)
     assert rc == 2, out[-3000:]
@@ -66,7 +97,7 @@ def test_a_dead_judge_stops_the_launch_with_its_url_and_the_fix(model_dir):
     assert "dry run ok" not in out and KEY not in out
 
 
-def test_a_judge_that_refuses_the_key_stops_the_launch_with_the_key_masked(model_dir):
+def test_a_judge_that_refuses_the_key_stops_the_launch_with_the_key_masked(model_dir, launch):
     with FakeOpenAI() as judge:
         # some gateways echo the key they refused
         judge.default = Reply(status=401, raw=json.dumps({"error": {"message": f"Incorrect API key provided: {KEY}"}}))
@@ -80,7 +111,7 @@ def test_a_judge_that_refuses_the_key_stops_the_launch_with_the_key_masked(model
 
 def test_a_live_judge_gets_one_call_and_the_launch_goes_on(model_dir):
     with FakeOpenAI() as judge:
-        rc, out = launch(model_dir, judge.base_url)
+        rc, out = launch_command(model_dir, judge.base_url)
         requests = list(judge.requests)
     assert rc == 0 and "igpo: dry run ok" in out and "upstream error" not in out, out[-3000:]
     assert len(requests) == 1
@@ -88,7 +119,7 @@ def test_a_live_judge_gets_one_call_and_the_launch_goes_on(model_dir):
     assert requests[0].headers.get("authorization") == f"Bearer {KEY}"
 
 
-def test_a_reward_without_the_judge_sends_it_nothing(model_dir):
+def test_a_reward_without_the_judge_sends_it_nothing(model_dir, launch):
     with FakeOpenAI() as judge:
         rc, out = launch(model_dir, judge.base_url, reward_type="f1")
         assert judge.requests == []
