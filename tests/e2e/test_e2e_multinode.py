@@ -1,7 +1,9 @@
 """Multi-node rehearsal on one machine: a two-node Ray cluster (`ray start --head` + `ray start --address=...`, one
 fake GPU each), `bash train_igpo.sh` joining it through RAY_ADDRESS with trainer.nnodes=2, two CPU training steps,
 without TOOL_SERVER_URL: the launcher's tool server must be reached from both nodes (the per-node /health check
-before the models load, then the tool calls of the agent-loop workers on each node).
+before the models load, then the tool calls of the agent-loop workers on each node). The same run is the two-rank
+check: two FSDP2 ranks (one per node) shard the actor-side answer scoring in lockstep, their scores match the
+rollout's, and the rollout serves the actor's weights after an update.
 
 The nodes are private to the test: own temp dir, own ports, token authentication off (RAY_AUTH_MODE=disabled: Ray
 2.60 turns it on for new clusters, and no one else joins this one). Each `ray start --block` runs in its own process
@@ -99,13 +101,18 @@ def test_two_nodes_one_actor_rank_each_with_our_plugin(tmp_path, two_node_cluste
     env = {**cluster_env, "RAY_ADDRESS": address, "NNODES": "2", "OUTPUT_DIR": str(tmp_path / "run"), "IGPO_DEVICE": "cpu"}
     env.pop("TOOL_SERVER_URL", None)
     # Two agent-loop workers (the demo runs one), which verl places round-robin: one per node, each sending tool calls;
-    # 64 trajectories a step, so that each node's half holds searches (the demo model searches in ~1 of 5).
+    # 64 trajectories a step, so that each node's half holds searches (the demo model searches in ~1 of 5). The two
+    # FSDP2 ranks (gloo, fp32) score on the actor beside the rollout's own scores (score_on=rollout + verify_scoring),
+    # so this run also checks that the ranks shard the answer scoring in lockstep and agree with the rollout side.
     rc, out = run_guarded(["bash", "train_igpo.sh", *SEARCHING_DEMO, "trainer.total_training_steps=2",
                            "trainer.nnodes=2", "trainer.n_gpus_per_node=1",
                            "actor_rollout_ref.rollout.agent.num_workers=2",
                            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
                            "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4",
-                           "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2"], env, timeout=900)
+                           "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+                           "algorithm.igpo.score_on=rollout", "algorithm.igpo.verify_scoring=true",
+                           # verl's warm-up starts at lr 0: the first update would leave the policy where it was.
+                           "actor_rollout_ref.actor.optim.lr_warmup_steps=0"], env, timeout=900)
     assert rc == 0, out[-4000:]
     log = (tmp_path / "run" / "train.log").read_text()
     assert f"joining the Ray cluster at RAY_ADDRESS={address}" in out
@@ -135,5 +142,16 @@ def test_two_nodes_one_actor_rank_each_with_our_plugin(tmp_path, two_node_cluste
     assert sorted(node for _, node, _, _ in calls) == sorted(n[:8] for n in nodes), by_node[-1]
     assert all(int(n) > 0 and int(infra) == 0 for _, _, n, infra in calls), by_node[-1]
     assert [float(v) for v in re.findall(r"igpo/infra_errors:([0-9.eE+-]+)", log)] == [0.0, 0.0]
+    # Two ranks scoring in lockstep, each its share: the actor's answer log-probs match the rollout's at both steps.
+    agreement = [float(v) for v in re.findall(r"igpo/scoring_rollout_vs_actor_max_abs_diff:([0-9.eE+-]+|nan)", log)]
+    assert len(agreement) == 2 and max(agreement) <= 1e-4, agreement
+    # Weights really reach the rollout server: rollout and actor log-probs of sampled tokens agree at step 2 too.
+    diffs = [float(v) for v in re.findall(r"training/rollout_probs_diff_max:([0-9.eE+-]+)", log)]
+    assert len(diffs) == 2 and max(diffs) < 1e-3, diffs
+    # The policy changed: at step 1 the actor is the reference policy (KL 0); after one update it is not.
+    kl = [float(v) for v in re.findall(r"actor/kl_loss:([0-9.eE+-]+)", log)]
+    assert len(kl) == 2 and kl[1] > max(kl[0], 0.0), kl
+    adv = [float(v) for v in re.findall(r"igpo/adv_abs_mean:([0-9.eE+-]+)", log)]
+    assert len(adv) == 2 and min(adv) > 0, adv
     # The TensorBoard events are where the launcher said, though the cluster's workers did not inherit its environment.
     assert list((tmp_path / "run" / "tensorboard").rglob("events.out.tfevents.*")), "no TensorBoard events in the run"
