@@ -198,8 +198,11 @@ class IGPOTrainerSync(RunControl, CheckpointState, PPOTrainerSync):
         if self.arpo.enabled:
             responses = data.select("responses").to_padded_tensor()["responses"]
             tree = TreeCheck(responses, self.arpo.rollouts_per_prompt)
-        ids = {name: _per_row(data.pop(name)) for name in log_fields}
-        rows = {name: _per_row(data.pop(name)) for name in method.fields}
+        # The trajectory log and the method may want the same fields (prompts, responses with actor-side scoring):
+        # each is taken out of the batch once.
+        taken = {name: _per_row(data.pop(name)) for name in dict.fromkeys([*log_fields, *method.fields])}
+        ids = {name: taken[name] for name in log_fields}
+        rows = {name: taken[name] for name in method.fields}
         nested_mask = data["response_mask"]
         padded = data.to_padded_tensor()
         # A response field TransferQueue does not hold (verl's critic values without a critic) is left out.
