@@ -47,20 +47,28 @@ def model_dir(tmp_path_factory) -> Path:
     return folder
 
 
-OVERRIDES = (f"data.train_files={REPO / 'data' / 'train_nq_256.parquet'}",
-             f"data.val_files={REPO / 'data' / 'qa_test_7src.parquet'}")
 UNSET = ("API_BASE", "API_KEY", "ENABLE_JUDGE_THINKING", "RAY_ADDRESS")
+
+
+def judge_env(api_base: str) -> dict[str, str]:
+    """The judge's environment a launch reads (the names in UNSET are removed besides)."""
+    return {"JUDGE_API_BASE": api_base, "JUDGE_API_KEY": KEY, "JUDGE_MODEL_NAME": "judge-model"}
+
+
+def launch_overrides(model_dir: Path, reward_type: str) -> list[str]:
+    return [f"actor_rollout_ref.model.path={model_dir}", f"data.train_files={REPO / 'data' / 'train_nq_256.parquet'}",
+            f"data.val_files={REPO / 'data' / 'qa_test_7src.parquet'}",
+            f"+reward.custom_reward_function.reward_kwargs.train_reward_type={reward_type}"]
 
 
 def launch_command(model_dir: Path, api_base: str) -> tuple[int, str]:
     """``python -m igpo.main --dry-run --probe`` (the probe a real launch runs before Ray), output and exit code."""
-    env = {**os.environ, "JUDGE_API_BASE": api_base, "JUDGE_API_KEY": KEY, "JUDGE_MODEL_NAME": "judge-model"}
+    env = {**os.environ, **judge_env(api_base)}
     for name in UNSET:
         env.pop(name, None)
     proc = subprocess.run(
         [sys.executable, "-m", "igpo.main", "--dry-run", "--probe", "--config-name", "igpo_trainer",
-         f"actor_rollout_ref.model.path={model_dir}", *OVERRIDES,
-         "+reward.custom_reward_function.reward_kwargs.train_reward_type=llm"],
+         *launch_overrides(model_dir, "llm")],
         cwd=REPO, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)
     return proc.returncode, proc.stdout
 
@@ -70,15 +78,12 @@ def launch(monkeypatch, capsys, caplog):
     """``launch(model_dir, api_base, reward_type)``: what ``python -m igpo.main --dry-run --probe`` runs (the probe a
     real launch runs before Ray) with the judge's environment set: (exit status, everything it printed or logged)."""
     def run(model_dir: Path, api_base: str, reward_type: str = "llm") -> tuple[int, str]:
-        monkeypatch.setenv("JUDGE_API_BASE", api_base)
-        monkeypatch.setenv("JUDGE_API_KEY", KEY)
-        monkeypatch.setenv("JUDGE_MODEL_NAME", "judge-model")
+        for name, value in judge_env(api_base).items():
+            monkeypatch.setenv(name, value)
         for name in UNSET:
             monkeypatch.delenv(name, raising=False)
-        overrides = [f"actor_rollout_ref.model.path={model_dir}", *OVERRIDES,
-                     f"+reward.custom_reward_function.reward_kwargs.train_reward_type={reward_type}"]
         with initialize_config_dir(config_dir=str(REPO / "configs"), version_base=None):
-            config = compose(config_name="igpo_trainer", overrides=overrides)
+            config = compose(config_name="igpo_trainer", overrides=launch_overrides(model_dir, reward_type))
         status = igpo.main.run(config, dry_run=True, probe=True)
         captured = capsys.readouterr()
         return status, captured.err + captured.out + caplog.text  # the log too: a key leaked there counts
