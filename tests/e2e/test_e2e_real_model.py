@@ -5,10 +5,10 @@
 two steps of 2 questions x 2 samples, answer scoring on the rollout (vLLM ``prompt_logprobs`` through verl's server)
 checked against the FSDP actor's on the same trajectories (verify_scoring), the weight sync from the actor into vLLM
 after every update, ``trainer.trajectory_dir`` keeping each step's trajectories: the code path a GPU run takes.
-Every boundary's answer log-probability of step 1 is then recomputed
-by tests/support/golden_ig.py with one plain ``AutoModelForCausalLM`` forward over the exact ids the trainer stored
-(the rollout ran the raw weights: step 1 comes before any update): vLLM's own scores of the demo probe, our packed
-actor-side scorer on all three probes (multi-token name, a first token merging with `>`, a leading space) and IG.
+Every boundary's answer log-probability of step 1 is then recomputed by tests/support/golden_ig.py with one plain
+``AutoModelForCausalLM`` forward over the exact ids the trainer stored (the rollout ran the raw weights: step 1 comes
+before any update): vLLM's own scores of the demo probe, our packed actor-side scorer on all three probes
+(multi-token name, a first token merging with `>`, a leading space) and IG.
 The raw model writes prose, never a call, so its turns are cut by the length limit (24 tokens) and every turn's IG
 is read (``ig_turns=all``). The probes' token cases are checked in tests/integration/test_real_model_ig.py, which
 makes the same comparison on trajectories through our HF rollout server. Guarded: the process group dies on timeout.
