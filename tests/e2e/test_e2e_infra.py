@@ -1,8 +1,9 @@
 """End to end on CPU (issue 25, "failures surface, never train around"): `bash train_igpo.sh` with the retriever
 backend in front of (a) a dead port: the launch stops before Ray with the retriever's URL; (b) a retriever failing
 half of its queries: the infra breaker stops the run after tools.infra_breaker.steps steps with a checkpoint and its
-line; (c) one failing 5% of them: the run completes and the step lines show the masked counts."""
+line; (c) one failing 5% of them, training InfoPO: the run completes and the step lines show the masked counts."""
 
+import math
 import os
 import re
 import subprocess
@@ -70,10 +71,25 @@ def test_a_retriever_failing_half_its_queries_trips_the_breaker_with_a_checkpoin
                                    for s in steps), steps
 
 
-def test_a_retriever_failing_5_percent_of_its_queries_completes_showing_the_masked_counts(tmp_path):
-    rc, out, faults = _run_behind(tmp_path, 0.05, ["trainer.total_training_steps=2"])
+def test_infopo_behind_a_retriever_failing_5_percent_completes_showing_the_masked_counts(tmp_path):
+    """(c), trained with adv_estimator=infopo: one run serves the infra path and InfoPO's (the actor scores each
+    observation's counterfactual, the factual term comes from old_log_probs, the infopo/* metrics are logged with no
+    failed turn), and InfoPO meets trajectories the infra policy masked."""
+    rc, out, faults = _run_behind(tmp_path, 0.05, ["trainer.total_training_steps=2", "algorithm.adv_estimator=infopo"])
     assert rc == 0, out[-4000:]
     assert "igpo: step:2/2" in out and "infra breaker" not in out, out[-3000:]
     steps = [s for s in out.splitlines() if re.match(r"igpo: step:\d", s)]
     masked = [int(m) for s in steps for m in re.findall(r"igpo/infra_masked_trajectories:(\d+)", s)]
     assert faults.failing >= 1 and sum(masked) >= 1, (steps, faults.distinct, faults.failing)
+
+    log = (tmp_path / "run" / "train.log").read_text()
+    assert "InfoPO counterfactual information gain" in log and "reuses the actor's old_log_probs" in log, out[-3000:]
+
+    def values(key):
+        return [float(v) for v in re.findall(rf"infopo/{key}:([0-9.eE+-]+|nan)", log)]
+
+    assert len(values("gate_mean")) == 2 and all(0 < g <= 0.5 for g in values("gate_mean"))
+    assert max(values("scored_turns")) > 0, "no turn was scored"
+    assert values("failed_turns") == [0.0, 0.0]
+    assert min(values("counterfactual_tokens")) <= min(values("counterfactual_tokens_unshared"))
+    assert len(values("intrinsic_raw_std")) == 2 and all(math.isfinite(v) for v in values("intrinsic_raw_std"))
