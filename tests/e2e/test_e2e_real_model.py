@@ -2,7 +2,7 @@
 
 `bash train_igpo.sh demo.model=smollm2 actor_rollout_ref.rollout.name=vllm` with the raw SmolLM2-135M-Instruct
 (MODEL_PATH=.cache/smollm2: its tokenizer splits every name into several tokens, its ChatML template is its own) for
-two steps of 2 questions x 2 samples, answer scoring on the rollout (vLLM ``prompt_logprobs`` through verl's server)
+two steps of one question x 2 samples, answer scoring on the rollout (vLLM ``prompt_logprobs`` through verl's server)
 checked against the FSDP actor's on the same trajectories (verify_scoring), the weight sync from the actor into vLLM
 after every update, ``trainer.trajectory_dir`` keeping each step's trajectories: the code path a GPU run takes.
 Every boundary's answer log-probability of step 1 is then recomputed by tests/support/golden_ig.py with one plain
@@ -52,8 +52,11 @@ def test_smollm2_through_verls_vllm_rollout_scores_as_plain_transformers(tmp_pat
     env = {**os.environ, "OUTPUT_DIR": str(tmp_path / "run"), "IGPO_DEVICE": "cpu", "MODEL_PATH": str(model_dir)}
     env.pop("TOOL_SERVER_URL", None)
     rc, out = run_guarded(["bash", "train_igpo.sh", "demo.model=smollm2", "actor_rollout_ref.rollout.name=vllm",
-                           *NO_VALIDATION, "trainer.total_training_steps=2", "data.train_batch_size=2",
-                           "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+                           *NO_VALIDATION, "trainer.total_training_steps=2", "data.train_batch_size=1",
+                           "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=1",
+                           # the two rows of a step, in one micro-batch (the preset's 4 does not divide them)
+                           "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
+                           "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=2",
                            "algorithm.igpo.score_on=rollout", "algorithm.igpo.verify_scoring=true",
                            # verl's warm-up starts at lr 0: the first update would leave the policy where it was.
                            "actor_rollout_ref.actor.optim.lr_warmup_steps=0", "algorithm.igpo.ig_turns=all",
@@ -88,7 +91,7 @@ def test_smollm2_through_verls_vllm_rollout_scores_as_plain_transformers(tmp_pat
     assert min(_values(log, "actor/grad_norm")) > 0
 
     rows = read_step(trajectories / "step_00001.jsonl")
-    assert len(rows) == 4, len(rows)
+    assert len(rows) == 2, len(rows)
     answers = {q.question: q.answer for q in demo_world.build_world().questions("train")}
     golden_set = [Trajectory(answers[r["record"].question], r["prompt_ids"], r["response_ids"], r["record"])
                   for r in rows]
