@@ -19,6 +19,7 @@ the planning (set the planned keys yourself).
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
@@ -26,6 +27,7 @@ import hydra
 
 from igpo.config import ConfigError, refuse_reference_overrides
 from igpo.cpu import vllm_cpu
+from igpo.integration import LAZY_REGISTRATION_ENV
 from igpo.integration.node_reach import unreachable_cause
 from igpo.launch.launch_plan import Environment, plan_launch
 
@@ -107,8 +109,14 @@ def run(config, dry_run: bool = False, probe: bool = False) -> int:
         return 0
     from verl.trainer import main_ppo as verl_main
 
+    from igpo.integration.task_runner import TaskRunner
+
+    # The Ray cluster run_ppo starts inherits this: its processes leave the estimator and trainer modules to the
+    # TaskRunner (igpo/plugin.py). Workers of a cluster joined with RAY_ADDRESS do not see it and import them all.
+    lazy = os.environ.get(LAZY_REGISTRATION_ENV)
+    os.environ[LAZY_REGISTRATION_ENV] = "1"
     try:
-        verl_main.run_ppo(config, task_runner_class=verl_main.TaskRunnerV1)
+        verl_main.run_ppo(config, task_runner_class=TaskRunner)
     except Exception as error:
         unreachable = unreachable_cause(error)
         if unreachable is None:
@@ -116,6 +124,11 @@ def run(config, dry_run: bool = False, probe: bool = False) -> int:
         for line in str(unreachable).splitlines():  # the trainer's per-node check, raised inside Ray's task runner
             print(f"igpo: {line}", file=sys.stderr, flush=True)
         return 2
+    finally:
+        if lazy is None:
+            os.environ.pop(LAZY_REGISTRATION_ENV, None)
+        else:
+            os.environ[LAZY_REGISTRATION_ENV] = lazy
     return 0
 
 

@@ -1,2 +1,6 @@
 """The adapters that plug igpo into verl: the trainer mode, estimators, actor worker, weight sync, rollout-failure
 guard, tool-spend and infra accounting, metrics."""
+
+# Set to 1 for the Ray cluster of a run whose TaskRunner (task_runner.py) imports the estimator and trainer modules
+# itself; igpo/plugin.py then skips them in every other process of the job.
+LAZY_REGISTRATION_ENV = "IGPO_LAZY_REGISTRATION"

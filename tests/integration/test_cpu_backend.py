@@ -127,6 +127,38 @@ FIRST_IMPORT_CODE = (
     "print('ok')\n"
 )
 
+# IGPO_LAZY_REGISTRATION=1 (the processes of a run igpo.main starts): `import verl` leaves the estimator, the trainer
+# mode and the modules the CPU patches change unimported; each registration and patch lands when its verl module is
+# imported; the TaskRunner registers the estimator and trainer mode before verl's run (stubbed here).
+LAZY_CODE = (
+    "import sys, verl, igpo.plugin as p\n"
+    "untouched = ['igpo.integration.estimator', 'igpo.integration.trainer', 'verl.workers.engine',\n"
+    "             'verl.workers.engine_workers', 'verl.experimental.agent_loop.agent_loop', 'verl.workers.rollout.base']\n"
+    "assert not [m for m in untouched if m in sys.modules], [m for m in untouched if m in sys.modules]\n"
+    "from verl.experimental.agent_loop.agent_loop import _agent_loop_registry as L\n"
+    "from verl.workers.rollout import base\n"
+    "from verl.workers.rollout.replica import RolloutReplicaRegistry as R\n"
+    "import verl.workers.engine_workers as workers, verl.utils.distributed as distributed\n"
+    "from verl.workers.engine.base import EngineRegistry as E\n"
+    "assert 'igpo_agent' in L and 'arpo_agent' in L and 'hf' in R._registry\n"
+    "assert base._ROLLOUT_REGISTRY[('vllm', 'async')] == p.VLLM_ADAPTER\n"
+    "assert base._ROLLOUT_REGISTRY[('hf', 'async')] == 'igpo.cpu.hf_rollout.HFServerAdapter'\n"
+    "assert workers.initialize_global_process_group_ray is distributed.initialize_global_process_group_ray\n"
+    "assert distributed.initialize_global_process_group_ray._igpo_cpu\n"
+    "assert all('cpu' in by_device for engines in E._engines.values() for name, by_device in engines.items()\n"
+    "           if name.startswith('fsdp') and 'cuda' in by_device)\n"
+    "assert not p.FAILED and p._HOOKS not in sys.meta_path, (p.FAILED, p._HOOKS.waiting)\n"
+    "from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY as A\n"
+    "from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY as T\n"
+    "assert 'igpo' not in A and 'igpo_sync' not in T\n"
+    "from verl.trainer.main_ppo import TaskRunnerV1\n"
+    "TaskRunnerV1.__ray_actor_class__.run = lambda self, config: 'verl ran'\n"
+    "from igpo.integration.task_runner import _TaskRunner\n"
+    "assert _TaskRunner().run(None) == 'verl ran'\n"
+    "assert 'igpo' in A and 'grpo_info_gain' in A and 'infopo' in A and 'igpo_sync' in T, (sorted(A), sorted(T))\n"
+    "print('ok')\n"
+)
+
 REACH_PROBE_CODE = "import sys, igpo.integration.node_reach\nassert 'verl' not in sys.modules\nprint('ok')\n"
 
 
@@ -134,6 +166,7 @@ REACH_PROBE_CODE = "import sys, igpo.integration.node_reach\nassert 'verl' not i
 def fresh():
     """{name: {"returncode", "stdout", "stderr"}} of each snippet of this file, each run in a fresh process."""
     jobs = {"plugin": {"code": PLUGIN_CODE, "env": {"VERL_PLATFORM": "cpu"}},
+            "lazy": {"code": LAZY_CODE, "env": {"VERL_PLATFORM": "cpu", "IGPO_LAZY_REGISTRATION": "1"}},
             "reach_probe": {"code": REACH_PROBE_CODE},
             **{first: {"code": FIRST_IMPORT_CODE, "argv": [first]} for first in FIRST_IMPORTS}}
     return dict(zip(jobs, run_fresh(list(jobs.values()))))
@@ -142,6 +175,12 @@ def fresh():
 def test_plugin_registers_everything_in_a_fresh_process(fresh):
     result = fresh["plugin"]
     assert result["returncode"] == 0 and "ok" in result["stdout"], result["stderr"][-3000:]
+
+
+def test_lazy_registration_lands_where_each_verl_module_is_imported(fresh):
+    result = fresh["lazy"]
+    assert result["returncode"] == 0 and "ok" in result["stdout"], result["stderr"][-3000:]
+    assert "engine is not available" not in result["stderr"], result["stderr"][-3000:]
 
 
 @pytest.mark.parametrize("first", FIRST_IMPORTS)
