@@ -19,6 +19,8 @@
 # CPU it is applied on top of the CPU demo (scale it down with overrides, as tests/launch/test_recipes.py does).
 # TOOL_SERVER_ARGS="--budget-search 1000 ...": extra arguments of the tool server this script starts (budgets, rates);
 # a spent budget ends the run cleanly after the step, with a checkpoint (tools.stop_on_budget, configs/igpo_base.yaml).
+# IGPO_RAY_DASHBOARD=0: the local Ray cluster this script starts runs without its dashboard (its processes cost ~4
+# CPU-seconds a start; the test suite's trainer runs use it). A cluster joined with RAY_ADDRESS keeps its own setting.
 set -euo pipefail
 cd "$(dirname "$0")"
 ROOT="$(pwd)"
@@ -317,7 +319,10 @@ echo "igpo: training log $LOG; TensorBoard: tensorboard --logdir $TENSORBOARD_DI
 # Ray 2.60 turns token authentication on for a new local cluster: the dashboard asks for the token Ray saved, and
 # a node joining a head that has one needs the same token (else `ray start --address` retries InvalidAuthToken).
 DASHBOARD="http://${HEAD_HOST:-127.0.0.1}:8265"
-if [ "${RAY_AUTH_MODE:-}" = "disabled" ]; then
+if [ "${IGPO_RAY_DASHBOARD:-1}" = 0 ] && [ -z "${RAY_ADDRESS:-}" ]; then
+    OVERRIDES+=(+ray_kwargs.ray_init.include_dashboard=false)
+    echo "igpo: Ray dashboard off (IGPO_RAY_DASHBOARD=0)"
+elif [ "${RAY_AUTH_MODE:-}" = "disabled" ]; then
     echo "igpo: Ray dashboard at $DASHBOARD while the job runs (token authentication disabled)"
 else
     echo "igpo: Ray dashboard at $DASHBOARD while the job runs; its token: cat ~/.ray/auth_token on the head" \

@@ -30,8 +30,10 @@ def _pooled_ig(log: str, which: str) -> tuple[float, float]:
 
 
 def test_train_igpo_sh_runs_two_steps_with_information_gain(tmp_path):
-    """The default path users get on GPUs: answer scoring on the actor (packed, FSDP2), bf16 mixed precision."""
-    env = {**os.environ, "OUTPUT_DIR": str(tmp_path / "run"), "IGPO_DEVICE": "cpu"}
+    """The default path users get on GPUs: answer scoring on the actor (packed, FSDP2), bf16 mixed precision; Ray
+    with its dashboard and prestarted workers, as users get it."""
+    env = {**os.environ, "OUTPUT_DIR": str(tmp_path / "run"), "IGPO_DEVICE": "cpu", "IGPO_RAY_DASHBOARD": "1",
+           "RAY_enable_worker_prestart": "1"}
     env.pop("TOOL_SERVER_URL", None)
     leftovers: list[str] = []
     # Without validation: the printed validation line is tests/e2e/test_e2e_learning.py's to check.
@@ -40,7 +42,7 @@ def test_train_igpo_sh_runs_two_steps_with_information_gain(tmp_path):
     log = (tmp_path / "run" / "train.log").read_text()
     assert rc == 0, out[-4000:]
     assert "igpo: step:1" in out and "igpo: step:2" in out, out[-3000:]
-    assert "answer scoring on the actor" in out, out[-3000:]
+    assert "answer scoring on the actor" in out and "igpo: Ray dashboard at http://127.0.0.1:8265" in out, out[-3000:]
     ratios = [float(v) for v in re.findall(r"igpo/ig_active_ratio:([0-9.eE+-]+)", log)]
     assert len(ratios) == 2 and min(ratios) > 0.05, f"too few trajectories carried information gain: {ratios}"
     raw_ig = [float(v) for v in re.findall(r"igpo/raw_ig_mean:([0-9.eE+-]+)", log)]

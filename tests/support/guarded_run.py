@@ -12,7 +12,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 # The CPU demo at the size the end-to-end tests of mechanics need (4 prompts x 2 rollouts, no validation); the demo
-# as users run it (16 x 4, validation before and after) is tests/e2e/test_e2e_cpu.py's first test.
+# as users run it (16 x 4, validation before and after) is tests/e2e/test_e2e_learning.py's.
 NO_VALIDATION = ["trainer.val_before_train=false", "trainer.test_freq=-1"]
 SMALL_DEMO = ["data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.rollout.n=2",
               *NO_VALIDATION]
@@ -22,6 +22,11 @@ SMALL_DEMO = ["data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch
 # step).
 SEARCHING_DEMO = ["data.train_batch_size=32", "actor_rollout_ref.actor.ppo_mini_batch_size=32",
                   "actor_rollout_ref.rollout.n=2", *NO_VALIDATION]
+# A trainer run here starts its local Ray cluster without the dashboard (IGPO_RAY_DASHBOARD=0) and without idle
+# workers started ahead of need (RAY_enable_worker_prestart=0), unless its environment says otherwise: fewer
+# processes per start (results/suite/2026-12-05-b.md). tests/e2e/test_e2e_cpu.py's first test runs with both on, as
+# users get them.
+LEAN_RAY = {"IGPO_RAY_DASHBOARD": "0", "RAY_enable_worker_prestart": "0"}
 
 
 def _live_members(group: int) -> list[str]:
@@ -48,7 +53,7 @@ def run_guarded(args: list[str], env: dict[str, str], timeout: float,
     ``leftovers``, when given, receives the processes of the group still running ``settle_s`` after the command
     exited (its Ray cluster, tool server and workers are in that group unless they left it, and take some seconds to
     shut down): a clean exit leaves it empty."""
-    proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    proc = subprocess.Popen(args, cwd=REPO, env={**LEAN_RAY, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     try:
         out, _ = proc.communicate(timeout=timeout)
