@@ -139,6 +139,7 @@ def plan_launch(config: Any, env: Environment) -> Plan:
     if prompts % mini:
         raise ConfigError(f"data.train_batch_size={prompts} is not a multiple of actor.ppo_mini_batch_size={mini}; "
                           "the last mini-batch would be short. Use a divisor of the batch.")
+    check_fixed_micro_batches(arr, prompts * n, gpus_per_node * nodes)
 
     model = _model_config(str(arr.model.path))
     heads = getattr(model, "num_attention_heads", None)
@@ -248,6 +249,24 @@ def plan_launch(config: Any, env: Environment) -> Plan:
 
 
 # ------------------------------------------------------------------------------------------------- the checks
+
+
+def check_fixed_micro_batches(arr: Any, rows: int, ranks: int) -> None:
+    """Without token-packed micro-batches (``*use_dynamic_bsz=false``, as the CPU demo runs), verl splits each rank's
+    rows of a step into micro-batches of exactly ``*log_prob_micro_batch_size_per_gpu`` rows for the old-policy and
+    reference log-probs, and stops at the first step when they do not divide."""
+    sp = int(arr.actor.get("ulysses_sequence_parallel_size", 1) or 1)
+    per_rank = rows // max(ranks // sp, 1)
+    for role, dynamic in (("rollout", "log_prob_use_dynamic_bsz"), ("ref", "log_prob_use_dynamic_bsz")):
+        section = arr.get(role)
+        micro = section.get("log_prob_micro_batch_size_per_gpu") if section is not None else None
+        if section is None or section.get(dynamic, False) or micro is None or int(micro) <= 0:
+            continue
+        if per_rank % int(micro):
+            raise ConfigError(f"actor_rollout_ref.{role}.log_prob_micro_batch_size_per_gpu={micro} does not divide the "
+                              f"{per_rank} rows each rank scores per step (data.train_batch_size x rollout.n = {rows} "
+                              f"over {max(ranks // sp, 1)} rank(s)): verl would stop at the first step. Use a divisor "
+                              f"of {per_rank}, or {role}.{dynamic}=true.")
 
 
 def check_inputs(config: Any) -> None:

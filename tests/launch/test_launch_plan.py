@@ -150,6 +150,24 @@ def test_layouts_that_cannot_work_name_the_key_and_the_fix(qwen3_4b, overrides, 
         _plan(qwen3_4b, *overrides, flash=True)
 
 
+@pytest.mark.parametrize("role", ["rollout", "ref"])
+def test_fixed_log_prob_micro_batches_must_divide_each_ranks_rows(qwen3_4b, role):
+    """The CPU demo's micro-batches are fixed (use_dynamic_bsz=false): one prompt x 2 rollouts on one rank are 2
+    rows, which a log-prob micro-batch of 4 does not divide. verl stopped such a run at its first step, after
+    ~1.5 minutes of start-up ('data size must be divisible by force_group_size * micro_batch_size_per_gpu');
+    the plan refuses it, and accepts a divisor or token-packed micro-batches."""
+    other = "ref" if role == "rollout" else "rollout"
+    rows = ["data.train_batch_size=1", "actor_rollout_ref.actor.ppo_mini_batch_size=1", "actor_rollout_ref.rollout.n=2",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+            f"actor_rollout_ref.{other}.log_prob_micro_batch_size_per_gpu=2"]
+    with pytest.raises(ConfigError, match=rf"actor_rollout_ref\.{role}\.log_prob_micro_batch_size_per_gpu=4 does not "
+                                          r"divide the 2 rows each rank scores per step"):
+        _plan(qwen3_4b, *rows, f"actor_rollout_ref.{role}.log_prob_micro_batch_size_per_gpu=4", config_name="cpu_demo")
+    _plan(qwen3_4b, *rows, f"actor_rollout_ref.{role}.log_prob_micro_batch_size_per_gpu=1", config_name="cpu_demo")
+    _plan(qwen3_4b, *rows, f"actor_rollout_ref.{role}.log_prob_micro_batch_size_per_gpu=4",
+          f"actor_rollout_ref.{role}.log_prob_use_dynamic_bsz=true", config_name="cpu_demo")
+
+
 def test_score_on_has_one_default():
     config = _compose([], "igpo_trainer")
     assert config.algorithm.igpo.score_on == RolloutScoringConfig.score_on == "actor"
