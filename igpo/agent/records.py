@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from igpo.agent import HOP_TARGETS_KEY
 from igpo.core.advantage import group_ids
 from igpo.core.info_gain import reduce_alias_logprobs
 
@@ -131,8 +132,6 @@ BRANCH_FIELD_KEYS = tuple(f"arpo_{name}" for name in _BRANCH_FIELDS)
 _QUESTION_KEYS = (_KEY["question"], "question")
 # An optional key a caller may set to say the generation prompt ended with <think> (no loop writes it).
 _THINK_PREFILLED_KEY = "igpo_think_prefilled"
-# The dataset's extra_info key for a chain question's entities, in the order a correct chain searches them.
-HOP_TARGETS_KEY = "hop_targets"
 
 
 def hop_targets(extra_info: Mapping[str, Any] | None) -> list[str]:

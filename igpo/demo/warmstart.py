@@ -40,7 +40,7 @@ from tool_server.backends.local import LocalBackend
 from tool_server.client import ToolClient, ToolResult
 from tool_server.process import start_tool_server
 
-from igpo.agent.records import HOP_TARGETS_KEY, TurnRecord
+from igpo.agent import HOP_TARGETS_KEY
 from igpo.demo.titles import DemoQuestion, build_questions, load_passages, split_passages
 from igpo.demo.warmstart_config import WarmStartConfig
 from igpo.demo.world import WorldConfig, build_world, practice_world, warm_start_config, warm_start_plan
@@ -278,6 +278,8 @@ def world_examples(tokenizer: Any, tools: LocalTools, world: Any, config: WarmSt
     real ``IGPOAgentLoop`` with a scripted server, so every sequence is the loop's own layout (prompt, tool turns,
     observations as the loop frames and truncates them, answer) with its loss mask. A plan the loop cannot play to
     its end (it would force the answer earlier, e.g. for lack of context) is skipped and counted."""
+    from igpo.agent import records  # torch: imported where a loop runs, not by the launcher's cache check (main)
+
     eot_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
     rng = random.Random(config.seed)
     jobs = [(q, warm_start_plan(world, q, rng)) for q in world.questions("train") for _ in range(plans_per_question)]
@@ -291,7 +293,7 @@ def world_examples(tokenizer: Any, tools: LocalTools, world: Any, config: WarmSt
                   "reward_model": {"ground_truth": question.answer}, "data_source": "demo_world", "extra_info": {},
                   "index": index, "uid": f"warmstart-{index}", "global_steps": 0}
         out = await loop.run({"temperature": 1.0}, **kwargs)
-        record = TurnRecord.from_extra_fields(out.extra_fields)
+        record = records.TurnRecord.from_extra_fields(out.extra_fields)
         if server.calls != len(turns) or record.stop_reason != "answer" or record.forced_final:
             return None, "not_played_to_the_end"
         if not all(record.format_ok):
@@ -579,6 +581,7 @@ def measure(model_dir: str | Path, corpus: str | Path, *, n: int = 32, seed: int
     import torch
     from transformers import AutoTokenizer
 
+    from igpo.agent import records
     from igpo.cpu.hf_rollout import HFRolloutServer
 
     config = config or WarmStartConfig()
@@ -608,7 +611,7 @@ def measure(model_dir: str | Path, corpus: str | Path, *, n: int = 32, seed: int
     search_first = found = answered = exact = 0
     gains: list[float] = []
     for question, out in zip(questions, outputs):
-        record = TurnRecord.from_extra_fields(out.extra_fields)
+        record = records.TurnRecord.from_extra_fields(out.extra_fields)
         if record.tool_names[:1] == ["search"] and record.format_ok[0]:
             search_first += 1
             observation = tokenizer.decode(out.response_ids[record.turn_ends[0] + 1:])
@@ -638,9 +641,10 @@ def measure_world(model_dir: str | Path, corpus: str | Path, world: Any, *, spli
     import torch
     from transformers import AutoTokenizer
 
+    from igpo.agent import records
+    from igpo.agent.protocol import parse_turn
     from igpo.core.outcome import f1_score
     from igpo.cpu.hf_rollout import HFRolloutServer
-    from igpo.agent.protocol import parse_turn
 
     config = config or WarmStartConfig()
     questions = world.questions(split)
@@ -674,7 +678,7 @@ def measure_world(model_dir: str | Path, corpus: str | Path, world: Any, *, spli
     searched = right = hops = two_hop = exact = chain_right = 0
     reach: dict[int, int] = {}
     for question, out in zip(questions, outputs):
-        record = TurnRecord.from_extra_fields(out.extra_fields)
+        record = records.TurnRecord.from_extra_fields(out.extra_fields)
         reached = sum(record.hop_right)
         chain_right += reached >= question.hops
         for k in range(1, reached + 1):

@@ -31,7 +31,7 @@ import random
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from igpo.agent.records import HOP_TARGETS_KEY
+from igpo.agent import HOP_TARGETS_KEY
 from igpo.demo.warmstart_config import WarmStartConfig
 
 DATA_SOURCE = "demo_world"
