@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from guarded_run import NO_VALIDATION
+from guarded_run import LEAN_RAY, NO_VALIDATION
 
 REPO = Path(__file__).resolve().parents[2]
 VLLM_PY = REPO / ".venv-vllm" / "bin" / "python"
@@ -27,7 +27,7 @@ VLLM = ["actor_rollout_ref.rollout.name=vllm", *NO_VALIDATION, "trainer.total_tr
 
 
 def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
-    env = {**os.environ, "OUTPUT_DIR": str(tmp_path / "run"), "IGPO_DEVICE": "cpu", **extra}
+    env = {**LEAN_RAY, **os.environ, "OUTPUT_DIR": str(tmp_path / "run"), "IGPO_DEVICE": "cpu", **extra}
     env.pop("TOOL_SERVER_URL", None)
     return env
 
