@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Run the test suite: installs what is missing on first use (see scripts/env.sh), then pytest on several workers.
 # Extra arguments go to pytest, e.g. `bash scripts/test.sh -k advantage` or `bash scripts/test.sh -m "not e2e"`.
-# IGPO_TEST_WORKERS=<n> sets the number of pytest-xdist workers (default: one more than the CPU count, at most 4; 0
-# runs in one process); tests/conftest.py decides what a worker takes whole and in which order. One worker more than
-# the cores: two end-to-end trainer runs keep two cores ~91% busy (their processes start one after another), three
-# ~96%, which measured 9% less time for the same eight end-to-end tests (results/suite/2026-12-05-b.md).
+# IGPO_TEST_WORKERS=<n> sets the number of pytest-xdist workers (default: the CPU count, at most 4; 0 runs in one
+# process); tests/conftest.py decides what a worker takes whole and in which order. Not more workers than cores: on 2
+# cores, 3 workers took 9% less time but starved a Ray node of the two-node test until it was marked dead, and three
+# trainer runs side by side used 21.4 GB of a 23 GB machine (results/suite/2026-12-05-b.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
@@ -19,7 +19,7 @@ bash scripts/env_vllm.sh > /dev/null
 # built here once rather than by two workers at the same time.
 "$PY" -c "from igpo.demo.tiny_model import build_tiny_model as b; b('.cache/tiny_model', 'data/wiki_passages_1000.jsonl')"
 "$PY" -m igpo.demo.real_model --out .cache/smollm2 > /dev/null
-WORKERS="${IGPO_TEST_WORKERS:-$(( $(nproc) + 1 < 4 ? $(nproc) + 1 : 4 ))}"
+WORKERS="${IGPO_TEST_WORKERS:-$(( $(nproc) < 4 ? $(nproc) : 4 ))}"
 PARALLEL=()
 [ "$WORKERS" = 0 ] || PARALLEL=(-n "$WORKERS" --dist loadgroup --no-loadscope-reorder)
 # --durations: the slowest tests in the log, so a suite that outgrows its budget shows where the time went.
