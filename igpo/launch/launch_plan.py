@@ -255,18 +255,16 @@ def check_fixed_micro_batches(arr: Any, rows: int, ranks: int) -> None:
     """Without token-packed micro-batches (``*use_dynamic_bsz=false``, as the CPU demo runs), verl splits each rank's
     rows of a step into micro-batches of exactly ``*log_prob_micro_batch_size_per_gpu`` rows for the old-policy and
     reference log-probs, and stops at the first step when they do not divide."""
-    sp = int(arr.actor.get("ulysses_sequence_parallel_size", 1) or 1)
-    per_rank = rows // max(ranks // sp, 1)
-    for role, dynamic in (("rollout", "log_prob_use_dynamic_bsz"), ("ref", "log_prob_use_dynamic_bsz")):
-        section = arr.get(role)
-        micro = section.get("log_prob_micro_batch_size_per_gpu") if section is not None else None
-        if section is None or section.get(dynamic, False) or micro is None or int(micro) <= 0:
-            continue
-        if per_rank % int(micro):
+    data_parallel = max(ranks // int(arr.actor.get("ulysses_sequence_parallel_size", 1) or 1), 1)
+    per_rank = rows // data_parallel
+    for role in ("rollout", "ref"):
+        section = arr.get(role) or {}
+        micro = int(section.get("log_prob_micro_batch_size_per_gpu") or 0)
+        if micro > 0 and not section.get("log_prob_use_dynamic_bsz", False) and per_rank % micro:
             raise ConfigError(f"actor_rollout_ref.{role}.log_prob_micro_batch_size_per_gpu={micro} does not divide the "
                               f"{per_rank} rows each rank scores per step (data.train_batch_size x rollout.n = {rows} "
-                              f"over {max(ranks // sp, 1)} rank(s)): verl would stop at the first step. Use a divisor "
-                              f"of {per_rank}, or {role}.{dynamic}=true.")
+                              f"over {data_parallel} rank(s)): verl would stop at the first step. Use a divisor of "
+                              f"{per_rank}, or {role}.log_prob_use_dynamic_bsz=true.")
 
 
 def check_inputs(config: Any) -> None:
