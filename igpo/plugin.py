@@ -29,7 +29,7 @@ import sys
 from collections.abc import Callable
 from types import ModuleType
 
-from igpo.integration import LAZY_REGISTRATION_ENV
+from igpo.integration import LAZY_REGISTRATION_ENV, REGISTERING_MODULES
 
 logger = logging.getLogger("igpo")
 
@@ -41,8 +41,6 @@ AGENT_LOOPS = {
 # verl's vLLM rollout adapter, with a weight sync that raises the engine's error instead of hanging
 # (igpo/integration/weight_sync.py). A class path: verl imports it only in the worker that builds a vLLM rollout.
 VLLM_ADAPTER = "igpo.integration.weight_sync.GuardedServerAdapter"
-# Registries that keep objects, not paths: these modules register their pieces when imported.
-REGISTERING_MODULES = ("igpo.integration.estimator", "igpo.integration.trainer")
 
 FAILED: list[str] = []  # the parts that failed to register in this process, each logged with its traceback
 
@@ -115,7 +113,7 @@ def when_imported(name: str, hook: Callable[[ModuleType], None]) -> None:
         sys.meta_path.insert(0, _HOOKS)
 
 
-def import_registering_modules() -> None:
+def _import_registering_modules() -> None:
     """Import the modules that register the estimators and the trainer mode (each failure logged and recorded)."""
     for name in REGISTERING_MODULES:
         try:
@@ -139,7 +137,7 @@ def load() -> list[str]:
     when_imported("verl.experimental.agent_loop.agent_loop", _register_agent_loops)
     when_imported("verl.workers.rollout.base", _register_vllm_adapter)
     if os.environ.get(LAZY_REGISTRATION_ENV) != "1":
-        import_registering_modules()
+        _import_registering_modules()
     return FAILED
 
 

@@ -9,17 +9,20 @@ advantage function by ``algorithm.adv_estimator`` here.
 
 from __future__ import annotations
 
+import importlib
+
 import ray
 from verl.trainer.main_ppo import TaskRunnerV1
+
+from igpo.integration import REGISTERING_MODULES
 
 
 class _TaskRunner(TaskRunnerV1.__ray_actor_class__):
     def run(self, config):
         # Imported here, once every module of this process is: importing them registers the estimators and the
         # igpo_sync trainer mode (an error here stops the run with its traceback).
-        import igpo.integration.estimator  # noqa: F401
-        import igpo.integration.trainer  # noqa: F401
-
+        for name in REGISTERING_MODULES:
+            importlib.import_module(name)
         return super().run(config)
 
 
