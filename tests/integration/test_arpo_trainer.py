@@ -144,3 +144,48 @@ def test_soft_and_hard_give_equal_gradients_when_no_token_is_shared():
     for mode in LOSS_AGG_MODES:
         assert torch.equal(_pg_grad(token_of, theta_old, adv, mask, mode),
                            _pg_grad(token_of, theta_old, hard_adv, mask, mode)), mode
+
+
+def test_igpo_over_a_branched_group_pools_the_shared_turn_once_and_hard_averages_the_shared_prefix():
+    """The IGPO estimator on an ARPO tree through the advantage pipeline (the end-to-end ARPO run,
+    tests/e2e/test_e2e_arpo.py, trains verl's GRPO): the tree check passes; the IG turn a branch copied from its source
+    weighs 1/2 in the IG statistics (tests/core/test_shared_turns.py has the math), and a tree of roots changes nothing;
+    hard attribution then averages the shared prefix's advantages."""
+    import method_harness as harness
+
+    from igpo.integration.pipeline import TreeCheck, advantage_step
+
+    uids = ["a"] * 3 + ["b"] * 3
+    # (index, parent, branch_pos): a1 branched from a0 after a0's first tool result (4 response tokens); b: roots.
+    tree = [(0, -1, 0), (1, 0, 4), (2, -1, 0), (0, -1, 0), (1, -1, 0), (2, -1, 0)]
+    length, boundaries = 8, [4, 8]  # a search (tokens 0-1), its observation (2-3), the answer (4-7)
+    mask = torch.ones(6, length, dtype=torch.bool)
+    mask[:, 2:4] = False
+    scores = torch.zeros(6, length)
+    scores[:, -1] = torch.tensor([1.0, 0.0, 0.5, 1.0, 0.0, 0.5])
+    # l_s at the two boundaries; a1 copies a0's search and its result, so it holds a0's IG for turn 0.
+    logprobs = [(-2.0, -1.0), (-2.0, -1.0), (-2.5, -2.25), (-1.5, -1.25), (-2.0, -0.5), (-1.0, -1.75)]
+    extras = []
+    for row, (index, parent, pos) in enumerate(tree):
+        record = TurnRecord(turn_ends=[1, length - 1], boundaries=boundaries, tool_names=["search", None],
+                            tool_status=["ok", "answer"], format_ok=[True, True],
+                            answer_logprobs=[[value] for value in logprobs[row]])
+        plain = record.to_extra_fields()
+        record.branch = BranchRecord(index=index, parent=parent, branch_pos=pos, prompt=uids[row])
+        extras.append((plain, record.to_extra_fields()))
+    responses = torch.arange(length).repeat(6, 1)  # every branch equals its parent before its branch position
+
+    def step(records, **kwargs):
+        return advantage_step(harness.igpo_method(), harness.records(records), uids, mask, scores, step=1,
+                              total_steps=10, **kwargs)
+
+    plain = step([fields for fields, _ in extras])
+    roots = step([{**fields, "arpo_parent": -1, "arpo_branch_pos": 0} for _, fields in extras],
+                 tree_check=TreeCheck(responses, 3))
+    soft = step([fields for _, fields in extras], tree_check=TreeCheck(responses, 3))
+    assert soft.metrics["arpo/prefix_mismatches"] == 0.0 and soft.metrics["arpo/incomplete_groups"] == 0.0
+    assert soft.metrics["igpo/shared_ig_turns"] == 2.0 and "igpo/shared_ig_turns" not in plain.metrics
+    assert torch.equal(roots.advantages, plain.advantages) and not torch.allclose(soft.advantages, plain.advantages)
+    hard = step([fields for _, fields in extras], tree_check=TreeCheck(responses, 3), arpo_hard=True)
+    assert torch.equal(hard.advantages, hard_attribution(soft.advantages, mask, uids, soft.turns))
+    assert not torch.equal(hard.advantages, soft.advantages) and hard.metrics["arpo/hard_shared_tokens"] > 0
