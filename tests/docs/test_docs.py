@@ -19,7 +19,8 @@ README_COMMANDS = {
         "tests/e2e/test_e2e_learning.py::test_the_same_seed_gives_the_same_run_and_the_policy_learns",
     "bash scripts/test.sh": ".ci/run",
     "bash train_igpo.sh algorithm.methods=[tool_cost] algorithm.adv_estimator=tool_cost":
-        "tests/e2e/test_e2e_methods.py::test_the_readme_example_method_trains_through_the_real_trainer",
+        "tests/e2e/test_e2e_methods.py::"
+        "test_the_readme_example_method_trains_through_the_real_trainer_and_past_a_spent_tool_budget",
     "bash scripts/install_gpu.sh --plan":
         "tests/launch/test_install_gpu.py::test_plan_without_a_gpu_environment_changes_nothing",
     "IGPO_GPUS=8 MODEL_PATH=/path/to/Qwen3-4B-Thinking-2507 bash train_igpo.sh --dry-run":
