@@ -1,7 +1,11 @@
 """End to end on CPU: a spent tool budget ends `bash train_igpo.sh` cleanly after the step, with a clear message, a
 checkpoint and the logs; the final summary prints tool calls, cache hit ratio and estimated spend (issue #16). With
 ``tools.stop_on_budget=false`` the refused searches are masked and training goes on: that run is the README example
-method's, tests/e2e/test_e2e_methods.py."""
+method's, tests/e2e/test_e2e_methods.py.
+
+The same run trains GiGPO (``algorithm.adv_estimator=gigpo``) for its one step through verl's real trainer on the
+demo's agent loop and tools, reading anchor states from the rollout's observation tokens, and logs the step-group
+metrics."""
 
 import os
 import re
@@ -13,12 +17,12 @@ from guarded_run import NO_VALIDATION, run_guarded
 pytestmark = pytest.mark.e2e
 
 
-def test_a_budget_of_one_search_ends_the_run_cleanly_with_a_checkpoint(tmp_path):
+def test_gigpo_trains_until_a_budget_of_one_search_ends_the_run_cleanly_with_a_checkpoint(tmp_path):
     run = tmp_path / "run"
     env = {**os.environ, "OUTPUT_DIR": str(run), "IGPO_DEVICE": "cpu", "TOOL_SERVER_ARGS": "--budget-search 1"}
     env.pop("TOOL_SERVER_URL", None)
     rc, out = run_guarded(["bash", "train_igpo.sh", *NO_VALIDATION, "trainer.total_training_steps=3",
-                           "tools.price_per_1k.local=2.0"], env, timeout=420)
+                           "tools.price_per_1k.local=2.0", "algorithm.adv_estimator=gigpo"], env, timeout=420)
     assert rc == 0, out[-4000:]
     # Stopped after step 1 of 3, saying why and what to do.
     assert re.search(r"igpo: tool budget spent \(local: 1 of a budget of 1 upstream calls\): stopping cleanly after "
@@ -43,3 +47,17 @@ def test_a_budget_of_one_search_ends_the_run_cleanly_with_a_checkpoint(tmp_path)
     assert int(summary.group(1)) >= 1 and int(summary.group(2)) == 1 and float(summary.group(4)) == 0.002
     assert summary.group(3) == "n/a (no cache lookups)"
     assert out.count("igpo: tool budget spent") == 2  # the trainer's line, and the summary repeating it
+
+    # GiGPO's step: rollout.n = 4, so every prompt's first turns share the question and every step has groups of two
+    # or more; its advantages reached the actor.
+    assert "GiGPO episode + anchor-state step groups" in log, log[-3000:]
+
+    def value(key):
+        found = re.findall(rf"gigpo/{key}:([0-9.eE+-]+|nan)", log)
+        assert len(found) == 1, (key, found)
+        return float(found[0])
+
+    assert value("step_group_size_max") >= 2 and 0 < value("grouped_row_share") <= 1
+    assert value("step_rows") >= 8 and value("anchor_fallbacks") == 0
+    assert value("episode_adv_abs_mean") >= 0 and value("step_adv_abs_mean") >= 0
+    assert re.search(r"actor/pg_loss:-?[0-9.]+", log), log[-3000:]
