@@ -2,8 +2,9 @@
 stated hardware (8 GPUs, config-only model directories: no weights, no GPU; igpo.main's dry run in this process, and
 one recipe through `train_igpo.sh --dry-run` itself); the evaluation harness sets our
 scores beside the published table; `show` traces every value and `diff` explains every difference from the
-published launch scripts; and (e2e) a CPU rehearsal of search_r1_local trains two steps through the
-retriever backend pointed at our own /retrieve, then evaluates with the recipe's table."""
+published launch scripts; and (e2e) a CPU rehearsal of search_r1_local trains through the retriever backend pointed
+at our own /retrieve behind a fake failing half of its queries, until the infra breaker stops it after two steps,
+then evaluates with the recipe's table."""
 
 from __future__ import annotations
 
@@ -273,27 +274,50 @@ def test_every_difference_from_the_published_script_is_explained(name, tmp_path,
 
 
 @pytest.mark.e2e
-def test_cpu_rehearsal_of_search_r1_local(tmp_path):
+def test_cpu_rehearsal_of_search_r1_local_behind_a_retriever_failing_half_its_queries(tmp_path):
     """The recipe scaled down (configs/rehearsal/cpu.yaml): tiny model, EM reward, search only, the retriever backend
-    in front of our own local BM25 server playing Search-R1's /retrieve; two steps, then the recipe's evaluation."""
-    from fake_upstreams import InProcessServer
+    in front of our own local BM25 server playing Search-R1's /retrieve, then the recipe's evaluation. The same run is
+    the infra breaker's (issue 25, "failures surface, never train around"; the other infra runs are
+    tests/e2e/test_e2e_infra.py): a fake in front of the BM25 server fails half of the distinct queries with HTTP 503,
+    so after 2 consecutive steps with more than 20% of tool calls failing the breaker stops the run of 3 steps with a
+    checkpoint and its line."""
+    from fake_upstreams import FakeUpstream, InProcessServer
+    from fault_retriever import ShareFailing, bm25_reply
     from tool_server.config import ServerConfig
 
     corpus = REPO / "data" / "wiki_passages_1000.jsonl"
-    with InProcessServer(ServerConfig(backend="local", corpus=corpus)) as upstream:
-        env = {**os.environ, "OUTPUT_DIR": str(tmp_path / "run"), "IGPO_DEVICE": "cpu",
-               "IGPO_RECIPE": "search_r1_local", "RETRIEVER_URL": upstream.url}
+    run = tmp_path / "run"
+    with InProcessServer(ServerConfig(backend="local", corpus=corpus)) as upstream, FakeUpstream() as flaky:
+        faults = ShareFailing(0.5, bm25_reply(upstream.url))
+        flaky.defaults["/retrieve"] = faults
+        env = {**os.environ, "OUTPUT_DIR": str(run), "IGPO_DEVICE": "cpu",
+               "IGPO_RECIPE": "search_r1_local", "RETRIEVER_URL": flaky.url}
         for key in ("TOOL_SERVER_URL", "TOOL_BACKEND", "TOOL_TOPK", "MODEL_PATH"):
             env.pop(key, None)
         # as tests/e2e/test_e2e_cpu.py: ~2 minutes on an idle machine, much longer when others share the CPUs
-        rc, out = run_guarded(["bash", "train_igpo.sh", "+rehearsal=cpu", "trainer.total_training_steps=2"], env, 540)
+        rc, out = run_guarded(["bash", "train_igpo.sh", "+rehearsal=cpu", "trainer.total_training_steps=3",
+                               "tools.infra_breaker.steps=2"], env, 540)
         assert rc == 0, out[-4000:]
-        assert "igpo: step:1" in out and "igpo: step:2" in out, out[-3000:]
+        assert "igpo: step:1" in out and "igpo: step:2/3" in out and "igpo: step:3/3" not in out, out[-3000:]
         assert "tool server (retriever)" in out
-        log = (tmp_path / "run" / "train.log").read_text()
+        log = (run / "train.log").read_text()
         assert "'train_reward_type': 'em'" in log or "train_reward_type: em" in log, "the recipe's reward was not used"
         upstream_searches = upstream.service.stats.calls["search"]
         assert upstream_searches > 0, "no search reached the Search-R1-dialect upstream"
+
+        # The breaker: its line, the checkpoint, and every step line showing the infrastructure failures and the
+        # trajectories masked for them.
+        assert faults.failing >= 2, (faults.distinct, faults.failing)
+        line = re.search(r"igpo: infra breaker: 2 consecutive steps with more than 20% of tool calls failing for "
+                         r"infrastructure reasons \(this step: (\d+) of (\d+), (\d+) trajectories masked\); failing: "
+                         r"retriever: http_503 x\d+.*Stopped after step 2/3; checkpoint \S+global_step_2\.", out)
+        assert line, out[-4000:]
+        checkpoints = run / "checkpoints"
+        assert (checkpoints / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
+        assert (checkpoints / "global_step_2" / "igpo_state.json").is_file()
+        steps = [s for s in out.splitlines() if re.match(r"igpo: step:\d", s)]
+        assert len(steps) == 2 and all("igpo/infra_errors:" in s and "igpo/infra_masked_trajectories:" in s
+                                       for s in steps), steps
 
         model = re.search(r"tiny model at (\S+)\)", out).group(1)
         retriever = InProcessServer(ServerConfig(backend="retriever", retriever_url=upstream.url, default_topk=3))
