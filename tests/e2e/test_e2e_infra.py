@@ -14,7 +14,7 @@ import pytest
 
 from fake_upstreams import FakeUpstream, InProcessServer
 from fault_retriever import ShareFailing, bm25_reply
-from guarded_run import REPO, SEARCHING_DEMO, run_guarded
+from guarded_run import GPU_PRECISION, REPO, SEARCHING_DEMO, run_guarded
 from tool_server.config import ServerConfig
 
 pytestmark = pytest.mark.e2e
@@ -57,8 +57,10 @@ def _run_behind(tmp_path, share: float, args: list[str]):
 def test_infopo_behind_a_retriever_failing_5_percent_completes_showing_the_masked_counts(tmp_path):
     """(c), trained with adv_estimator=infopo: one run serves the infra path and InfoPO's (the actor scores each
     observation's counterfactual, the factual term comes from old_log_probs, the infopo/* metrics are logged with no
-    failed turn), and InfoPO meets trajectories the infra policy masked."""
-    rc, out, faults = _run_behind(tmp_path, 0.05, ["trainer.total_training_steps=2", "algorithm.adv_estimator=infopo"])
+    failed turn), and InfoPO meets trajectories the infra policy masked. In verl's GPU precision (fp32 master
+    weights, bf16 compute), the one trainer run of the tests in it: the actor's scoring and update under bf16."""
+    rc, out, faults = _run_behind(tmp_path, 0.05, ["trainer.total_training_steps=2", "algorithm.adv_estimator=infopo",
+                                                   *GPU_PRECISION])
     assert rc == 0, out[-4000:]
     assert "igpo: step:2/2" in out and "infra breaker" not in out, out[-3000:]
     steps = [s for s in out.splitlines() if re.match(r"igpo: step:\d", s)]

@@ -3,7 +3,14 @@ CPU rollout server in its default float64 (in float32, IGPO_CPU_ROLLOUT_DTYPE=fl
 request's logits by ~1e-7, which now and then flips a sampled token — a 20-step run repeated identically through
 step 6, then diverged): the same validation before training and the same step metrics through step 3 (every one
 but wall times and the engine-vs-actor log-prob comparison), and validation F1 rises over the 10 steps (the
-second run validates before training only). Guarded: the whole process group dies on timeout."""
+second run validates before training only).
+
+Both run as users get them, Ray's dashboard and prestarted workers included (the other trainer runs of the tests
+start a lean Ray, tests/support/guarded_run.py), so the 10-step run is also the check of the default path: our
+estimator, agent loop, trainer mode, CPU backend and tool server in verl's Ray trainer, answer scoring on the actor
+(packed, FSDP2), information gain that tracks information in every step, TensorBoard events, and nothing of the run
+outliving it. (verl's GPU precision, bf16 compute, is the InfoPO run's, tests/e2e/test_e2e_infra.py.) Guarded: the
+whole process group dies on timeout."""
 
 import os
 import re
@@ -23,14 +30,27 @@ NOT_SEEDED = re.compile(r"timing|time|perf/|throughput|progress/|rollout_probs_d
 VALIDATION = re.compile(r"^val-")
 
 
-def _run(tmp_path, name, steps, *overrides):
-    env = {**os.environ, "OUTPUT_DIR": str(tmp_path / name), "IGPO_DEVICE": "cpu"}
+def _run(tmp_path, name, steps, *overrides, leftovers=None):
+    env = {**os.environ, "OUTPUT_DIR": str(tmp_path / name), "IGPO_DEVICE": "cpu", "IGPO_RAY_DASHBOARD": "1",
+           "RAY_enable_worker_prestart": "1"}
     env.pop("TOOL_SERVER_URL", None)
     env.pop("IGPO_CPU_ROLLOUT_DTYPE", None)  # the default is what a user gets
     rc, out = run_guarded(["bash", "train_igpo.sh", "seed=1", f"trainer.total_training_steps={steps}", *overrides], env,
-                          timeout=900)
+                          timeout=900, leftovers=leftovers)
     assert rc == 0, out[-4000:]
     return out, (tmp_path / name / "train.log").read_text()
+
+
+def _values(log: str, key: str) -> list[float]:
+    return [float(v) for v in re.findall(rf"{re.escape(key)}:([0-9.eE+-]+|nan)", log)]
+
+
+def _pooled_ig(log: str, which: str) -> tuple[float, float]:
+    """Count-weighted mean of igpo/ig_mean_answer_<which> over the logged steps, and the total count."""
+    means = _values(log, f"igpo/ig_mean_answer_{which}")
+    counts = _values(log, f"igpo/ig_count_answer_{which}")
+    total = sum(counts)
+    return sum(m * c for m, c in zip(means, counts) if c > 0) / max(total, 1.0), total
 
 
 def _step_metrics(log: str) -> dict[int, dict[str, str]]:
@@ -42,7 +62,8 @@ def _step_metrics(log: str) -> dict[int, dict[str, str]]:
 
 
 def test_the_same_seed_gives_the_same_run_and_the_policy_learns(tmp_path):
-    out_a, log_a = _run(tmp_path, "a", LEARN_STEPS)
+    leftovers: list[str] = []
+    out_a, log_a = _run(tmp_path, "a", LEARN_STEPS, leftovers=leftovers)
     # Run b validates before training only: its validation after the last step would prove nothing here.
     out_b, log_b = _run(tmp_path, "b", REPEAT_STEPS, "trainer.test_freq=-1")
     line_a = re.search(r"igpo: validation F1 before=([0-9.]+) after=([0-9.]+)", out_a)
@@ -74,3 +95,29 @@ def test_the_same_seed_gives_the_same_run_and_the_policy_learns(tmp_path):
     assert after >= before + 0.1, (before, after)
     # The health metrics the early warning reads are logged every step.
     assert all("health/wellformed_call_share" in steps_a[s] for s in range(1, LEARN_STEPS + 1))
+
+    # The default path, on run a (once per step: 10 values).
+    assert "answer scoring on the actor" in out_a and "igpo: Ray dashboard at http://127.0.0.1:8265" in out_a, \
+        out_a[-3000:]
+    ratios = _values(log_a, "igpo/ig_active_ratio")
+    assert len(ratios) == LEARN_STEPS and min(ratios) > 0.05, f"too few trajectories carried information gain: {ratios}"
+    raw_ig = _values(log_a, "igpo/raw_ig_mean")
+    assert len(raw_ig) == LEARN_STEPS and all(abs(v) < 50 for v in raw_ig), raw_ig
+    tokens = _values(log_a, "igpo/scoring_tokens")
+    assert len(tokens) == LEARN_STEPS and min(tokens) > 0, "the actor scored nothing"
+    assert _values(log_a, "igpo/scoring_errors") == [0.0] * LEARN_STEPS
+    adv = _values(log_a, "igpo/adv_abs_mean")
+    assert len(adv) == LEARN_STEPS and min(adv) > 0, adv
+    grad_norms = _values(log_a, "actor/grad_norm")
+    assert len(grad_norms) == LEARN_STEPS and min(grad_norms) > 0, grad_norms
+    shares = _values(log_a, "igpo/scoring_step_share")
+    assert len(shares) == LEARN_STEPS and all(0 < v < 1 for v in shares), shares
+    # Information gain tracks information on the demo world: a search whose observation holds the answer raises the
+    # answer's probability; one that does not (wrong hop, or the first hop of a two-hop question) lowers it.
+    seen, seen_count = _pooled_ig(log_a, "seen")
+    unseen, unseen_count = _pooled_ig(log_a, "unseen")
+    assert seen_count > 0 and unseen_count > 0, (seen_count, unseen_count)
+    assert seen > unseen + 1.0, (seen, unseen)
+    assert list((tmp_path / "a" / "tensorboard").rglob("events.out.tfevents.*")), "no TensorBoard events were written"
+    # Nothing the run started outlives it: Ray's GCS, raylet and workers, the tool server (all in its process group).
+    assert not leftovers, f"processes of the run outlived it: {leftovers}"

@@ -294,7 +294,7 @@ def test_cpu_rehearsal_of_search_r1_local_behind_a_retriever_failing_half_its_qu
                "IGPO_RECIPE": "search_r1_local", "RETRIEVER_URL": flaky.url}
         for key in ("TOOL_SERVER_URL", "TOOL_BACKEND", "TOOL_TOPK", "MODEL_PATH"):
             env.pop(key, None)
-        # as tests/e2e/test_e2e_cpu.py: ~2 minutes on an idle machine, much longer when others share the CPUs
+        # ~2 minutes on an idle machine, much longer when others share the CPUs
         rc, out = run_guarded(["bash", "train_igpo.sh", "+rehearsal=cpu", "trainer.total_training_steps=3",
                                "tools.infra_breaker.steps=2"], env, 540)
         assert rc == 0, out[-4000:]

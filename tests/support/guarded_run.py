@@ -22,10 +22,14 @@ SMALL_DEMO = ["data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch
 # step).
 SEARCHING_DEMO = ["data.train_batch_size=32", "actor_rollout_ref.actor.ppo_mini_batch_size=32",
                   "actor_rollout_ref.rollout.n=2", *NO_VALIDATION]
+# verl's GPU default precision for the FSDP engines: fp32 master weights, bf16 compute (mixed_precision unset); the
+# CPU demo preset pins fp32, so these overrides put it back for both roles.
+GPU_PRECISION = ["actor_rollout_ref.actor.fsdp_config.mixed_precision=null",
+                 "actor_rollout_ref.ref.fsdp_config.mixed_precision=null"]
 # A trainer run here starts its local Ray cluster without the dashboard (IGPO_RAY_DASHBOARD=0) and without idle
 # workers started ahead of need (RAY_enable_worker_prestart=0), unless its environment says otherwise: fewer
-# processes per start (results/suite/2026-12-05-b.md). tests/e2e/test_e2e_cpu.py's first test runs with both on, as
-# users get them.
+# processes per start (results/suite/2026-12-05-b.md). tests/e2e/test_e2e_learning.py's runs have both on, as users
+# get them.
 LEAN_RAY = {"IGPO_RAY_DASHBOARD": "0", "RAY_enable_worker_prestart": "0"}
 
 
