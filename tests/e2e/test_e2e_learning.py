@@ -1,7 +1,7 @@
-"""One seed, one run — and the demo learns. `bash train_igpo.sh seed=1` for 10 steps and again for 3, both with the
+"""One seed, one run — and the demo learns. `bash train_igpo.sh seed=1` for 10 steps and again for 2, both with the
 CPU rollout server in its default float64 (in float32, IGPO_CPU_ROLLOUT_DTYPE=float32, a batch's shape moves a
 request's logits by ~1e-7, which now and then flips a sampled token — a 20-step run repeated identically through
-step 6, then diverged): the same validation before training and the same step metrics through step 3 (every one
+step 6, then diverged): the same validation before training and the same step metrics through step 2 (every one
 but wall times and the engine-vs-actor log-prob comparison), and validation F1 rises over the 10 steps (the
 second run validates before training only).
 
@@ -22,7 +22,8 @@ from guarded_run import run_guarded
 pytestmark = pytest.mark.e2e
 
 # The demo (16 prompts x 4 per step), validated before the first step and after the last.
-LEARN_STEPS, REPEAT_STEPS = 10, 3
+# Two steps repeated: step 2's rollout runs on the weights of step 1's update, so an update that did not repeat shows.
+LEARN_STEPS, REPEAT_STEPS = 10, 2
 # Metrics that are not functions of the seed: wall times, throughput, and the engine-vs-actor log-prob comparison
 # (the CPU hf server batches whatever requests are waiting, and a batch's shape moves its logits by float rounding).
 NOT_SEEDED = re.compile(r"timing|time|perf/|throughput|progress/|rollout_probs_diff|rollout_actor_probs|"
@@ -73,7 +74,7 @@ def test_the_same_seed_gives_the_same_run_and_the_policy_learns(tmp_path):
     steps_a, steps_b = _step_metrics(log_a), _step_metrics(log_b)
     assert sorted(steps_a) == list(range(LEARN_STEPS + 1)) and len(steps_a[1]) > 50, sorted(steps_a)
     assert sorted(steps_b) == list(range(REPEAT_STEPS + 1)), sorted(steps_b)
-    # Through step 3 the two runs are one run: every seeded metric equal, validation (step 0) included.
+    # Through step 2 the two runs are one run: every seeded metric equal, validation (step 0) included.
     assert steps_a[0] == steps_b[0] and steps_a[0], (steps_a[0], steps_b[0])
     for step in range(1, REPEAT_STEPS + 1):
         a = {k: v for k, v in steps_a[step].items() if not VALIDATION.search(k)}
