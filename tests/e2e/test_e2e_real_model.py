@@ -9,8 +9,8 @@ Every boundary's answer log-probability of step 1 is then recomputed by tests/su
 ``AutoModelForCausalLM`` forward over the exact ids the trainer stored (the rollout ran the raw weights: step 1 comes
 before any update): vLLM's own scores of the demo probe, our packed actor-side scorer on all three probes
 (multi-token name, a first token merging with `>`, a leading space) and IG.
-The raw model writes prose, never a call, so its turns are cut by the length limit (24 tokens) and every turn's IG
-is read (``ig_turns=all``). The probes' token cases are checked in tests/integration/test_real_model_ig.py, which
+The raw model writes prose, never a call, so its turns (two) are cut by the length limit (24 tokens) and every
+turn's IG is read (``ig_turns=all``). The probes' token cases are checked in tests/integration/test_real_model_ig.py, which
 makes the same comparison on trajectories through our HF rollout server. Guarded: the process group dies on timeout.
 """
 
@@ -60,7 +60,7 @@ def test_smollm2_through_verls_vllm_rollout_scores_as_plain_transformers(tmp_pat
                            "algorithm.igpo.score_on=rollout", "algorithm.igpo.verify_scoring=true",
                            # verl's warm-up starts at lr 0: the first update would leave the policy where it was.
                            "actor_rollout_ref.actor.optim.lr_warmup_steps=0", "algorithm.igpo.ig_turns=all",
-                           "algorithm.igpo.agent.max_turns=3", "algorithm.igpo.agent.max_tokens_per_turn=24",
+                           "algorithm.igpo.agent.max_turns=2", "algorithm.igpo.agent.max_tokens_per_turn=24",
                            f"algorithm.igpo.answer_template_prefix='{PROBES[0][1]}'",
                            f"algorithm.igpo.answer_template_suffix='{PROBES[0][2]}'",
                            f"trainer.trajectory_dir={trajectories}"], env, timeout=900)
