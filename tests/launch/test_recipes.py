@@ -2,9 +2,8 @@
 stated hardware (8 GPUs, config-only model directories: no weights, no GPU; igpo.main's dry run in this process, and
 one recipe through `train_igpo.sh --dry-run` itself); the evaluation harness sets our
 scores beside the published table; `show` traces every value and `diff` explains every difference from the
-published launch scripts; and (e2e) a CPU rehearsal of search_r1_local trains through the retriever backend pointed
-at our own /retrieve behind a fake failing half of its queries, until the infra breaker stops it after two steps,
-then evaluates with the recipe's table."""
+published launch scripts. The CPU rehearsal of search_r1_local, trained through the retriever backend and evaluated
+with the recipe's table, is tests/e2e/test_e2e_resume.py's run."""
 
 from __future__ import annotations
 
@@ -12,12 +11,10 @@ import json
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from guarded_run import run_guarded
 from hydra import compose, initialize_config_dir
 
 from igpo.launch.recipes import RecipeError, available, comparison_table, load_recipe, main, recipe_lines
@@ -268,71 +265,3 @@ def test_every_difference_from_the_published_script_is_explained(name, tmp_path,
     assert main(["diff", name, str(script)]) == 0
     out = capsys.readouterr().out.splitlines()
     assert "(0 unexplained)" in out[-1], "\n".join(row for row in out if "UNEXPLAINED" in row)
-
-
-# ------------------------------------------------------------------------------------------------ CPU rehearsal
-
-
-@pytest.mark.e2e
-def test_cpu_rehearsal_of_search_r1_local_behind_a_retriever_failing_half_its_queries(tmp_path):
-    """The recipe scaled down (configs/rehearsal/cpu.yaml): tiny model, EM reward, search only, the retriever backend
-    in front of our own local BM25 server playing Search-R1's /retrieve, then the recipe's evaluation. The same run is
-    the infra breaker's (issue 25, "failures surface, never train around"; the other infra runs are
-    tests/e2e/test_e2e_infra.py): a fake in front of the BM25 server fails half of the distinct queries with HTTP 503,
-    so after 2 consecutive steps with more than 20% of tool calls failing the breaker stops the run of 3 steps with a
-    checkpoint and its line."""
-    from fake_upstreams import FakeUpstream, InProcessServer
-    from fault_retriever import ShareFailing, bm25_reply
-    from tool_server.config import ServerConfig
-
-    corpus = REPO / "data" / "wiki_passages_1000.jsonl"
-    run = tmp_path / "run"
-    with InProcessServer(ServerConfig(backend="local", corpus=corpus)) as upstream, FakeUpstream() as flaky:
-        faults = ShareFailing(0.5, bm25_reply(upstream.url))
-        flaky.defaults["/retrieve"] = faults
-        env = {**os.environ, "OUTPUT_DIR": str(run), "IGPO_DEVICE": "cpu",
-               "IGPO_RECIPE": "search_r1_local", "RETRIEVER_URL": flaky.url}
-        for key in ("TOOL_SERVER_URL", "TOOL_BACKEND", "TOOL_TOPK", "MODEL_PATH"):
-            env.pop(key, None)
-        # ~2 minutes on an idle machine, much longer when others share the CPUs
-        rc, out = run_guarded(["bash", "train_igpo.sh", "+rehearsal=cpu", "trainer.total_training_steps=3",
-                               "tools.infra_breaker.steps=2"], env, 540)
-        assert rc == 0, out[-4000:]
-        assert "igpo: step:1" in out and "igpo: step:2/3" in out and "igpo: step:3/3" not in out, out[-3000:]
-        assert "tool server (retriever)" in out
-        log = (run / "train.log").read_text()
-        assert "'train_reward_type': 'em'" in log or "train_reward_type: em" in log, "the recipe's reward was not used"
-        upstream_searches = upstream.service.stats.calls["search"]
-        assert upstream_searches > 0, "no search reached the Search-R1-dialect upstream"
-
-        # The breaker: its line, the checkpoint, and every step line showing the infrastructure failures and the
-        # trajectories masked for them.
-        assert faults.failing >= 2, (faults.distinct, faults.failing)
-        line = re.search(r"igpo: infra breaker: 2 consecutive steps with more than 20% of tool calls failing for "
-                         r"infrastructure reasons \(this step: (\d+) of (\d+), (\d+) trajectories masked\); failing: "
-                         r"retriever: http_503 x\d+.*Stopped after step 2/3; checkpoint \S+global_step_2\.", out)
-        assert line, out[-4000:]
-        checkpoints = run / "checkpoints"
-        assert (checkpoints / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
-        assert (checkpoints / "global_step_2" / "igpo_state.json").is_file()
-        steps = [s for s in out.splitlines() if re.match(r"igpo: step:\d", s)]
-        assert len(steps) == 2 and all("igpo/infra_errors:" in s and "igpo/infra_masked_trajectories:" in s
-                                       for s in steps), steps
-
-        model = re.search(r"tiny model at (\S+)\)", out).group(1)
-        retriever = InProcessServer(ServerConfig(backend="retriever", retriever_url=upstream.url, default_topk=3))
-        with retriever:
-            rc, out = run_guarded([sys.executable, "scripts/evaluate.py", "--data", "data/qa_test_7src.parquet",
-                            "--limit-per-source", "1", "--model-path", model, "--tool-server", retriever.url,
-                            "--recipe", "search_r1_local", "--max-tokens-per-turn", "64",
-                            "--max-observation-tokens", "96", "--response-length", "512", "--prompt-length", "1024",
-                            "--out", str(tmp_path / "eval")], env, 120)
-    assert rc == 0, out[-4000:]
-    comparison = (tmp_path / "eval" / "comparison.md").read_text()
-    assert "| EM (%) | NQ | TriviaQA | PopQA | HotpotQA | 2Wiki | MuSiQue | Bamboogle | AVG |" in comparison
-    assert re.search(r"\| \*\*ours\*\* \|( [0-9.]+ \|){7} [0-9.]+ \|", comparison), comparison
-    assert f"This run's tools: backend `retriever` at `{retriever.url}`, top-k 3." in comparison
-    settings = json.loads((tmp_path / "eval" / "settings.json").read_text())
-    assert settings["tools"]["backend"] == "retriever" and settings["tools"]["top_k"] == 3
-    assert settings["agent"]["max_turns"] == 4
-    assert "wiki-18 lacks" in settings["recipe"]["corpus_caveat"]
