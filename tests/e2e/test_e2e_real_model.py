@@ -10,8 +10,8 @@ Every boundary's answer log-probability of step 1 is then recomputed by tests/su
 before any update): vLLM's own scores of the demo probe, our packed actor-side scorer on all three probes
 (multi-token name, a first token merging with `>`, a leading space) and IG.
 The raw model writes prose, never a call, so its turns (two) are cut by the length limit (24 tokens) and every
-turn's IG is read (``ig_turns=all``). The probes' token cases are checked in tests/integration/test_real_model_ig.py, which
-makes the same comparison on trajectories through our HF rollout server. Guarded: the process group dies on timeout.
+turn's IG is read (``ig_turns=all``). The probes' token cases are checked in tests/integration/test_real_model_ig.py,
+which makes the same comparison on trajectories through our HF rollout server. Guarded: the process group dies on timeout.
 """
 
 from __future__ import annotations
