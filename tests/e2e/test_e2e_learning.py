@@ -17,7 +17,7 @@ import re
 
 import pytest
 
-from guarded_run import run_guarded
+from guarded_run import logged_values, run_guarded
 
 pytestmark = pytest.mark.e2e
 
@@ -42,14 +42,10 @@ def _run(tmp_path, name, steps, *overrides, leftovers=None):
     return out, (tmp_path / name / "train.log").read_text()
 
 
-def _values(log: str, key: str) -> list[float]:
-    return [float(v) for v in re.findall(rf"{re.escape(key)}:([0-9.eE+-]+|nan)", log)]
-
-
 def _pooled_ig(log: str, which: str) -> tuple[float, float]:
     """Count-weighted mean of igpo/ig_mean_answer_<which> over the logged steps, and the total count."""
-    means = _values(log, f"igpo/ig_mean_answer_{which}")
-    counts = _values(log, f"igpo/ig_count_answer_{which}")
+    means = logged_values(log, f"igpo/ig_mean_answer_{which}")
+    counts = logged_values(log, f"igpo/ig_count_answer_{which}")
     total = sum(counts)
     return sum(m * c for m, c in zip(means, counts) if c > 0) / max(total, 1.0), total
 
@@ -100,18 +96,18 @@ def test_the_same_seed_gives_the_same_run_and_the_policy_learns(tmp_path):
     # The default path, on run a (once per step: 10 values).
     assert "answer scoring on the actor" in out_a and "igpo: Ray dashboard at http://127.0.0.1:8265" in out_a, \
         out_a[-3000:]
-    ratios = _values(log_a, "igpo/ig_active_ratio")
+    ratios = logged_values(log_a, "igpo/ig_active_ratio")
     assert len(ratios) == LEARN_STEPS and min(ratios) > 0.05, f"too few trajectories carried information gain: {ratios}"
-    raw_ig = _values(log_a, "igpo/raw_ig_mean")
+    raw_ig = logged_values(log_a, "igpo/raw_ig_mean")
     assert len(raw_ig) == LEARN_STEPS and all(abs(v) < 50 for v in raw_ig), raw_ig
-    tokens = _values(log_a, "igpo/scoring_tokens")
+    tokens = logged_values(log_a, "igpo/scoring_tokens")
     assert len(tokens) == LEARN_STEPS and min(tokens) > 0, "the actor scored nothing"
-    assert _values(log_a, "igpo/scoring_errors") == [0.0] * LEARN_STEPS
-    adv = _values(log_a, "igpo/adv_abs_mean")
+    assert logged_values(log_a, "igpo/scoring_errors") == [0.0] * LEARN_STEPS
+    adv = logged_values(log_a, "igpo/adv_abs_mean")
     assert len(adv) == LEARN_STEPS and min(adv) > 0, adv
-    grad_norms = _values(log_a, "actor/grad_norm")
+    grad_norms = logged_values(log_a, "actor/grad_norm")
     assert len(grad_norms) == LEARN_STEPS and min(grad_norms) > 0, grad_norms
-    shares = _values(log_a, "igpo/scoring_step_share")
+    shares = logged_values(log_a, "igpo/scoring_step_share")
     assert len(shares) == LEARN_STEPS and all(0 < v < 1 for v in shares), shares
     # Information gain tracks information on the demo world: a search whose observation holds the answer raises the
     # answer's probability; one that does not (wrong hop, or the first hop of a two-hop question) lowers it.

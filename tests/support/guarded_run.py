@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import time
@@ -31,6 +32,12 @@ GPU_PRECISION = ["actor_rollout_ref.actor.fsdp_config.mixed_precision=null",
 # processes per start (results/suite/2026-12-05-b.md). tests/e2e/test_e2e_learning.py's runs have both on, as users
 # get them.
 LEAN_RAY = {"IGPO_RAY_DASHBOARD": "0", "RAY_enable_worker_prestart": "0"}
+
+
+def logged_values(log: str, key: str) -> list[float]:
+    """Every value of the metric ``key`` in a training log, in order: one per step that logged it (nan where verl
+    logged nan)."""
+    return [float(v) for v in re.findall(rf"{re.escape(key)}:([0-9.eE+-]+|nan)", log)]
 
 
 def _live_members(group: int) -> list[str]:
