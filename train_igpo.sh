@@ -19,6 +19,7 @@
 # CPU it is applied on top of the CPU demo (scale it down with overrides, as tests/launch/test_recipes.py does).
 # TOOL_SERVER_ARGS="--budget-search 1000 ...": extra arguments of the tool server this script starts (budgets, rates);
 # a spent budget ends the run cleanly after the step, with a checkpoint (tools.stop_on_budget, configs/igpo_base.yaml).
+# TOOL_SERVER_ARGS="--latency search=1:10 --latency visit=3:30" adds web-like tool latency (docs/guide/tool_server.md).
 # IGPO_RAY_DASHBOARD=0: the local Ray cluster this script starts runs without its dashboard (its processes cost ~4
 # CPU-seconds a start; the test suite's trainer runs use it). A cluster joined with RAY_ADDRESS keeps its own setting.
 set -euo pipefail

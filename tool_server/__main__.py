@@ -1,7 +1,8 @@
 """``python -m tool_server --backend local|web|retriever …``: start the tool service.
 
-Once it accepts connections it prints exactly one line on stdout, ``tool_server listening on http://HOST:PORT``
-(with ``--port 0`` the OS picks the port; launchers parse this line). Logs go to stderr, secrets masked.
+Once it accepts connections it prints exactly one line on stdout, ``tool_server listening on http://HOST:PORT
+(latency: off)`` (with ``--port 0`` the OS picks the port; launchers parse the URL, which a space ends; the
+parenthesis is the ``--latency`` setting). Logs go to stderr, secrets masked.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from . import tools
-from .config import ConfigError, Secrets, ServerConfig, read_env_file
+from .config import ConfigError, LatencyConfig, Secrets, ServerConfig, ToolLatency, read_env_file
 from .errors import ToolError
 from .redact import RedactingFilter, Redactor
 from .safety import check_url_syntax
@@ -88,6 +89,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "scratch only, no network, own PID namespace); the server refuses to start where they "
                         "cannot be built. unsafe: without them (the code can read what the server reads; a warning "
                         "at every start). off: no python tool (docs/guide/security.md)")
+    p.add_argument("--latency", action="append", default=[], metavar="TOOL=P50:P99",
+                   help="rehearsals and benchmarks: after each call of TOOL, wait a seeded log-normal delay with this "
+                        "median and 99th percentile in seconds (e.g. --latency search=1:10 --latency visit=3:30); "
+                        "repeatable, one per tool; a call answered wholly from the cache does not wait "
+                        "(docs/guide/tool_server.md). Default: no delay")
+    p.add_argument("--latency-seed", type=int, default=d.latency.seed,
+                   help="seed of the --latency draws: a call's delay depends on the seed, the tool, its arguments "
+                        "and how often that same call came before, not on the order calls arrive")
+    p.add_argument("--latency-cap-s", type=float, default=d.latency.cap_s,
+                   help="no --latency delay is longer than this; 0: no cap (the default stays below the agent's "
+                        "150 s tool timeout)")
     p.add_argument("--tool-module", action="append", default=[], metavar="MODULE",
                    help="import MODULE before serving: the tools it registers (tool_server.tools.register) are "
                         "served too, with their budget flags; repeatable")
@@ -115,6 +127,8 @@ def build_config(args: argparse.Namespace, env: dict[str, str]) -> ServerConfig:
         jina_base_url=args.jina_base_url or env.get("JINA_BASE_URL") or d.jina_base_url,
         allow_private_upstreams=args.allow_private_upstreams, python_sandbox=args.python_sandbox,
         budgets=budgets, endpoints=endpoints,
+        latency=LatencyConfig(tools=tuple(ToolLatency.parse(text) for text in args.latency), seed=args.latency_seed,
+                              cap_s=args.latency_cap_s or None),
         # the backends' upstreams read the search and visit tools' budgets from their limits
         serper=replace(d.serper, concurrency=args.search_concurrency, rate_per_s=args.search_rate,
                        max_attempts=args.max_attempts, budget=budgets["search"]),
@@ -143,10 +157,17 @@ def setup_logging(level: str, redactor: Redactor) -> None:
     logging.getLogger("httpcore").setLevel(logging.WARNING)
 
 
+def start_line(config: ServerConfig, sock: socket.socket) -> str:
+    """The one line printed once the server accepts connections: its URL (launchers take it up to the space), then
+    the injected latency, ``(latency: off)`` unless ``--latency`` is given."""
+    host, port = sock.getsockname()[:2]
+    shown = f"[{host}]" if sock.family == socket.AF_INET6 else host
+    return f"tool_server listening on http://{shown}:{port} ({config.latency.describe()})"
+
+
 async def serve(app, config: ServerConfig, sock: socket.socket) -> None:
     import uvicorn
 
-    host, port = sock.getsockname()[:2]
     # long keep-alive: agent clients hold pooled connections between turns; uvicorn's 5 s default closes them
     # mid-run and races with requests being sent on them
     server = uvicorn.Server(uvicorn.Config(app, log_config=None, access_log=False, timeout_keep_alive=120,
@@ -157,8 +178,7 @@ async def serve(app, config: ServerConfig, sock: socket.socket) -> None:
             if server.should_exit:
                 return
             await asyncio.sleep(0.01)
-        shown = f"[{host}]" if sock.family == socket.AF_INET6 else host
-        print(f"tool_server listening on http://{shown}:{port}", flush=True)
+        print(start_line(config, sock), flush=True)
 
     announcer = asyncio.create_task(announce())
     await server.serve(sockets=[sock])

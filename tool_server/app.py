@@ -63,6 +63,7 @@ def build_service(config: ServerConfig, secrets: Secrets | None = None,
     wire cache, stats and the outside services of the tools that call one (``keys``: their keys by upstream name).
     ``ConfigError`` when the sandbox that ``config.python_sandbox`` asks for cannot run here."""
     config.validate()
+    check_latency_tools(config)
     check_python_sandbox(config)
     keys = dict(keys or {})
     cache = ResponseCache(config.cache_path, ttl_s=config.cache_ttl_s)
@@ -114,6 +115,14 @@ def tool_endpoints(config: ServerConfig, stats: Stats, keys: dict[str, str]) -> 
                                             Upstream(tool.upstream, limits, guard=guard, stats=stats,
                                                      budget_flag=budget.flag))
     return endpoints
+
+
+def check_latency_tools(config: ServerConfig) -> None:
+    """Every ``--latency`` tool is one this server serves (the registry, ``--tool-module`` tools included)."""
+    for spec in config.latency.tools:
+        if spec.tool not in tools.names():
+            raise ConfigError(f"{spec.flag}: this server serves no tool named {spec.tool!r}; name one of the served "
+                              f"tools: {', '.join(tools.names())}")
 
 
 def check_python_sandbox(config: ServerConfig) -> None:

@@ -5,6 +5,7 @@ from the environment (or an ``--env-file``), and secrets never leave this proces
 """
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -81,6 +82,101 @@ class UpstreamLimits:
                  ">= 1024", "raise it")
 
 
+# z_0.99, the standard normal's 99th percentile (statistics.NormalDist().inv_cdf(0.99)): a log-normal's p99 is
+# exp(mu + Z_99 * sigma), which is how --latency's p50 and p99 become mu and sigma
+Z_99 = 2.3263478740408408
+
+
+@dataclass(frozen=True)
+class ToolLatency:
+    """A web-like delay added to every call of ``tool`` (``--latency TOOL=P50:P99``, seconds): log-normal with
+    median ``p50_s`` and 99th percentile ``p99_s``, i.e. mu = ln(p50), sigma = ln(p99 / p50) / z_0.99. p99 = p50 is a
+    constant delay. How a call's draw is made and when it is waited: ``tool_server.latency``."""
+
+    tool: str
+    p50_s: float
+    p99_s: float
+
+    @property
+    def mu(self) -> float:
+        return math.log(self.p50_s)
+
+    @property
+    def sigma(self) -> float:
+        return math.log(self.p99_s / self.p50_s) / Z_99
+
+    @property
+    def flag(self) -> str:
+        return f"--latency {self.tool}={self.p50_s:g}:{self.p99_s:g}"
+
+    @classmethod
+    def parse(cls, text: str) -> "ToolLatency":
+        """``TOOL=P50:P99`` (seconds, e.g. ``search=1:10``); ``ConfigError`` naming the flag and the fix."""
+        tool, sep, quantiles = text.partition("=")
+        p50, colon, p99 = quantiles.partition(":")
+        if not sep or not colon or not tool.strip():
+            raise ConfigError(f"--latency {text}: expected TOOL=P50:P99 in seconds, e.g. --latency search=1:10")
+        try:
+            spec = cls(tool.strip(), float(p50), float(p99))
+        except ValueError:
+            raise ConfigError(f"--latency {text}: P50 and P99 must be numbers of seconds, e.g. --latency "
+                              f"{tool.strip()}=1:10") from None
+        spec.validate()
+        return spec
+
+    def validate(self) -> None:
+        # isfinite first: a NaN passes neither comparison, an infinite p99 makes sigma infinite
+        _require(math.isfinite(self.p50_s) and math.isfinite(self.p99_s) and 0 < self.p50_s <= self.p99_s,
+                 self.flag, "p99 >= p50 > 0 (finite seconds)",
+                 f"e.g. --latency {self.tool}=1:10 (p50 1 s, p99 10 s); equal values give a constant delay")
+
+
+@dataclass(frozen=True)
+class LatencyConfig:
+    """Seeded web-like latency added to tool calls, for rehearsals and asynchronous-trainer benchmarks on a local
+    backend that answers in milliseconds (``docs/guide/tool_server.md``, "Web-like latency"). Off unless ``tools``
+    names one.
+
+    tools: one ``ToolLatency`` per delayed tool (``--latency TOOL=P50:P99``, repeatable); a tool not named waits
+        nothing.
+    seed: every draw is a function of (seed, tool, the call's canonical arguments, how many times that same call
+        came before), so a run's delays do not depend on the order concurrent calls arrive (``--latency-seed``).
+    cap_s: no delay is longer than this (``--latency-cap-s``; None: no cap). The default 120 s stays below the
+        agent's default ``tool_timeout_s`` (150 s), so an injected delay alone never times a call out; it cuts only
+        the far tail (a draw beyond 120 s has odds of about 1 in 10,000 for visit p50 3 s / p99 30 s).
+    """
+
+    tools: tuple[ToolLatency, ...] = ()
+    seed: int = 0
+    cap_s: float | None = 120.0
+
+    def for_tool(self, name: str) -> ToolLatency | None:
+        return next((spec for spec in self.tools if spec.tool == name), None)
+
+    def validate(self) -> None:
+        seen: set[str] = set()
+        for spec in self.tools:
+            spec.validate()
+            _require(spec.tool not in seen, spec.flag, "given once per tool",
+                     f"keep one --latency {spec.tool}=... flag")
+            seen.add(spec.tool)
+        if self.cap_s is not None:
+            _require(math.isfinite(self.cap_s) and self.cap_s > 0, f"--latency-cap-s {self.cap_s:g}",
+                     "> 0 seconds", "pass a positive cap, or 0 for no cap")
+            for spec in self.tools:
+                # a cap below a p99 would serve another distribution than the one the flag states
+                _require(spec.p99_s <= self.cap_s, f"--latency-cap-s {self.cap_s:g} with {spec.flag}",
+                         "at least every p99", f"raise --latency-cap-s to {spec.p99_s:g} or more, or lower the p99")
+
+    def describe(self) -> str:
+        """What the start line shows: ``latency: off``, or each tool's distribution, the cap and the seed."""
+        if not self.tools:
+            return "latency: off"
+        tools = ", ".join(f"{s.tool} lognormal p50 {s.p50_s:g}s p99 {s.p99_s:g}s" for s in self.tools)
+        cap = "no cap" if self.cap_s is None else f"cap {self.cap_s:g}s"
+        return f"latency: {tools}; {cap}; seed {self.seed}"
+
+
 @dataclass(frozen=True)
 class Secrets:
     """Credentials of the web backend. ``repr`` hides them so they cannot leak through logs or tracebacks."""
@@ -151,6 +247,8 @@ class ServerConfig:
         them; a tool that calls an outside service itself (``tools.upstream_tool``) reads its own here.
     endpoints: base URLs of the outside services of such tools, by upstream name (from each tool's
         ``base_url_env``); one left out is the tool's ``default_base_url``. ``allow_private_upstreams`` covers them.
+    latency: web-like delays added to tool calls (``LatencyConfig``); off by default. Which tools exist is only known
+        from the registry, so ``tool_server.app.build_service`` checks that each one is served.
     """
 
     backend: Literal["local", "web", "retriever"] = "local"
@@ -184,6 +282,7 @@ class ServerConfig:
     python_sandbox: Literal["bwrap", "unsafe", "off"] = "bwrap"
     budgets: Mapping[str, int | None] = field(default_factory=dict)
     endpoints: Mapping[str, str] = field(default_factory=dict)
+    latency: LatencyConfig = field(default_factory=LatencyConfig)
     serper: UpstreamLimits = field(default_factory=lambda: UpstreamLimits(attempt_timeout_s=10.0))
     jina: UpstreamLimits = field(default_factory=lambda: UpstreamLimits(concurrency=8, attempt_timeout_s=25.0))
     summarizer: UpstreamLimits = field(default_factory=lambda: UpstreamLimits(concurrency=8,
@@ -233,6 +332,7 @@ class ServerConfig:
             parts = urlsplit(url)
             _require(parts.scheme in ("http", "https") and bool(parts.hostname), f"endpoints[{name!r}]={url!r}",
                      "an absolute http(s) URL", "fix the base URL variable of the tool that calls it")
+        self.latency.validate()
         self.serper.validate("serper")
         self.jina.validate("jina")
         self.summarizer.validate("summarizer")

@@ -1,10 +1,12 @@
 """The tool service: runs the registered tools (``tool_server.tools``) with per-item cache, in-flight
 de-duplication, hard deadlines and stats. One item = one query or one URL; a request with several items runs them
-concurrently, and each tool renders its items' text (the observation the model sees).
+concurrently, and each tool renders its items' text (the observation the model sees). With ``--latency`` a call
+also waits a seeded web-like delay after its work (``tool_server.latency``).
 """
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import time
 from dataclasses import dataclass
@@ -17,6 +19,7 @@ from .backends.base import Backend, PageResult, SearchHit
 from .cache import ResponseCache, cache_key
 from .config import ServerConfig
 from .errors import ToolError, most_severe
+from .latency import LatencyDraws
 from .limits import InflightDedup
 from .stats import Stats
 from .tools import ToolResponse
@@ -28,6 +31,25 @@ ITEM_SEPARATOR = "\n=======\n"
 # a deadline guard a little after the item's own deadline: upstream code honours the deadline itself, this only
 # catches a path that does not (it must never be what normally ends a call)
 _GRACE_S = 1.0
+
+
+@dataclass
+class CallItems:
+    """How the items of one delayed call were answered: the latency rule skips the delay of a call whose every
+    item came from the cache."""
+
+    items: int = 0
+    cached: int = 0
+
+    @property
+    def all_cached(self) -> bool:
+        return self.items > 0 and self.items == self.cached
+
+
+# The call whose items ``ToolService.item`` is answering. Tools run their items through ``item`` without a handle
+# on the call, and gather them in tasks of their own (which copy the context, so they share this object): a context
+# variable ties each item to its call without widening the Tool interface. None outside a delayed call.
+_CALL_ITEMS: contextvars.ContextVar[CallItems | None] = contextvars.ContextVar("tool_server_call_items", default=None)
 
 
 @dataclass
@@ -60,6 +82,7 @@ class ToolService:
         self.cache = cache
         self.stats = stats
         self.dedup = InflightDedup()
+        self.latency = LatencyDraws(config.latency)
         self._redact = redact
 
     async def aclose(self) -> None:
@@ -81,14 +104,41 @@ class ToolService:
         tool = tools.get(name)
         if not isinstance(request, tool.request_model):
             request = tool.request_model.model_validate(request)
-        return await tool.execute(self, request)
+        return await self._delayed(tool.name, request.model_dump(mode="json"), lambda: tool.execute(self, request))
 
     async def search(self, queries: list[str], topk: int) -> ToolResponse:
-        """Search checked queries: what the Search-R1 and FlashRAG endpoints serve."""
-        return await tools.get("search").run(self, queries, topk)
+        """Search checked queries: what the Search-R1 and FlashRAG endpoints serve, delayed like ``POST
+        /tools/search`` (its body's keys, with ``topk`` resolved)."""
+        return await self._delayed("search", {"queries": queries, "topk": topk},
+                                   lambda: tools.get("search").run(self, queries, topk))
 
     async def visit(self, urls: list[str], goal: str) -> ToolResponse:
-        return await tools.get("visit").run(self, urls, goal)
+        return await self._delayed("visit", {"urls": urls, "goal": goal},
+                                   lambda: tools.get("visit").run(self, urls, goal))
+
+    async def _delayed(self, name: str, arguments: dict,
+                       work: Callable[[], Awaitable[ToolResponse]]) -> ToolResponse:
+        """Run ``work`` (the tool's call), then wait the call's injected delay (``config.latency``), if any.
+
+        The delay comes after the work and outside its deadlines, so it never turns into a timeout of the tool
+        (``search_deadline_s``, ``visit_deadline_s``, an upstream tool's ``deadline_s``); the client's timeout
+        still covers work plus delay (``LatencyConfig.cap_s`` keeps the delay below the agent's default). A call
+        answered wholly from the cache does not wait: a real cache answers at once, and the web runs being rehearsed
+        cache too. A call refused with ``ToolError`` (HTTP 400) does not wait either."""
+        delay = self.latency.next_delay(name, arguments)
+        if delay is None:
+            return await work()
+        trace = CallItems()
+        token = _CALL_ITEMS.set(trace)
+        try:
+            response = await work()
+        finally:
+            _CALL_ITEMS.reset(token)
+        if trace.all_cached:
+            return response
+        await asyncio.sleep(delay)
+        self.stats.record_injected(name, delay)
+        return response
 
     async def item(self, tool: tools.Tool, subject: str, request: dict, deadline_s: float, run: Run) -> Item:
         """One query/URL of a request: cached (when the backend is worth caching), shared with an identical call in
@@ -99,6 +149,10 @@ class ToolService:
             item.error.message = self._redact(item.error.message)
         latency = time.monotonic() - start
         self.stats.record(tool.name, latency, item.outcome)
+        trace = _CALL_ITEMS.get()
+        if trace is not None:
+            trace.items += 1
+            trace.cached += item.cached
         log.info("%s %r -> %s%s in %.3fs", tool.name, subject[:120], item.outcome or "ok",
                  " (cache)" if item.cached else "", latency)
         return item

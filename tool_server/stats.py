@@ -30,6 +30,10 @@ class Stats:
         self.upstream_budget: dict[str, int | None] = {}
         self.upstream_retries: Counter[str] = Counter()  # failed attempts followed by another attempt
         self.passages_cut = 0  # retrieved passages cut to a configured length (--retriever-passage-chars)
+        # --latency: calls that waited an injected delay, and the seconds waited, per tool (not in `latencies`,
+        # which time the tool's own work)
+        self.injected_calls: Counter[str] = Counter()
+        self.injected_s: Counter[str] = Counter()
         # per upstream, the outcome of its most recent calls (retries folded in): [ok, reason, message, time]
         self.recent: dict[str, deque[list]] = {n: deque(maxlen=HEALTH_WINDOW) for n in self.upstream_names}
 
@@ -79,6 +83,11 @@ class Stats:
         if error_kind is not None:
             self.errors[error_kind] += 1
 
+    def record_injected(self, tool: str, delay_s: float) -> None:
+        """A call of ``tool`` waited ``delay_s`` of injected latency (``tool_server.latency``)."""
+        self.injected_calls[tool] += 1
+        self.injected_s[tool] += delay_s
+
     def snapshot(self) -> dict:
         lookups = self.cache_hits + self.cache_misses
         latency = {}
@@ -92,6 +101,8 @@ class Stats:
             "latency": latency,
             "errors": dict(self.errors),
             "passages_cut": self.passages_cut,
+            "injected_latency": {t: {"calls": n, "seconds": _round(self.injected_s[t])}
+                                 for t, n in self.injected_calls.items()},
             "upstream": {n: {"calls": self.upstream_calls[n], "budget": self.upstream_budget.get(n),
                              "retries": self.upstream_retries[n],
                              "failures": {r: c for (u, r), c in self.upstream_failures.items() if u == n}}
@@ -121,6 +132,10 @@ class Stats:
                   "# HELP tool_server_errors_total Tool items that ended in an error, by kind.",
                   "# TYPE tool_server_errors_total counter"]
         lines += [f'tool_server_errors_total{{kind="{k}"}} {n}' for k, n in sorted(self.errors.items())]
+        lines += ["# HELP tool_server_injected_latency_seconds_total Seconds of --latency delay waited by calls.",
+                  "# TYPE tool_server_injected_latency_seconds_total counter"]
+        lines += [f'tool_server_injected_latency_seconds_total{{tool="{t}"}} {s:.6f}'
+                  for t, s in sorted(self.injected_s.items())]
         lines += ["# HELP tool_server_upstream_calls_total Upstream HTTP attempts (what a paid API may bill).",
                   "# TYPE tool_server_upstream_calls_total counter"]
         lines += [f'tool_server_upstream_calls_total{{upstream="{u}"}} {n}'

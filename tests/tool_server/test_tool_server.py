@@ -178,7 +178,7 @@ def test_cli_port_zero_announces_url_and_serves(tmp_path):
                             "--port", "0"], log_path=log, cwd=ROOT) as url:
         assert url.startswith("http://127.0.0.1:"), url
         assert httpx.get(url + "/health", timeout=5).json()["status"] == "ok"
-    assert f"tool_server listening on {url}\n" in log.read_text()
+    assert f"tool_server listening on {url} (latency: off)\n" in log.read_text()
 
 
 def test_cli_web_backend_names_every_missing_secret():
