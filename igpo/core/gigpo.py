@@ -53,6 +53,12 @@ class GiGPOConfig:
         ``trajectories`` (each trajectory once, with the score of its first step row).
     invalid_action_penalty: c, subtracted from a malformed turn's episode score and step return before normalisation
         (verl-agent's ``invalid_action_penalty_coef``, 0.1 in its config); 0 turns it off.
+    similarity: false (default): one step group per identical anchor state; true: anchor texts that are merely
+        similar share a step group, as verl-agent's ``enable_similarity`` (``igpo.core.anchor_similarity``: a text
+        joins the first step group of its prompt group whose first text it matches with ``difflib`` ratio >=
+        ``similarity_threshold``).
+    similarity_threshold: the ratio a text must reach, in (0, 1) (verl-agent's config default 0.95; its search
+        recipe 0.9). Read only with ``similarity: true``.
     epsilon: ε of the divisions (verl-agent 1e-6).
     gamma: γ of the step returns (``algorithm.gamma``, not a key of this section).
     """
@@ -62,6 +68,8 @@ class GiGPOConfig:
     anchor: str = "last_observation"
     episode_pool: str = "step_rows"
     invalid_action_penalty: float = 0.1
+    similarity: bool = False
+    similarity_threshold: float = 0.95
     epsilon: float = 1e-6
     gamma: float = 1.0
 
@@ -73,6 +81,12 @@ class GiGPOConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
                 raise ValueError(f"algorithm.gigpo.{name}={value!r} must be a finite number >= 0.")
+        if not isinstance(self.similarity, bool):
+            raise ValueError(f"algorithm.gigpo.similarity={self.similarity!r} must be true or false.")
+        threshold = self.similarity_threshold
+        if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0.0 < threshold < 1.0:
+            raise ValueError(f"algorithm.gigpo.similarity_threshold={threshold!r} must be a number in (0, 1) (a ratio "
+                             "of 1 is identity: set algorithm.gigpo.similarity=false for exact step groups).")
         if isinstance(self.gamma, bool) or not isinstance(self.gamma, (int, float)) or not 0.0 <= self.gamma <= 1.0:
             raise ValueError(f"algorithm.gamma={self.gamma!r}: GiGPO's step returns need a discount in [0, 1].")
 

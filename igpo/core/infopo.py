@@ -339,6 +339,20 @@ class InfoPOInputs:
     pool_weight: torch.Tensor | None = None
 
 
+def outcome_group_stats(x: InfoPOInputs, cfg: InfoPOConfig) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(R [B]: each trajectory's score, μ_g and σ_g [num_groups]: its prompt group's mean and std)."""
+    R = trajectory_scores(x.turn_rewards, x.num_turns, cfg.trajectory_score, cfg.gamma)
+    num_groups = int(x.group.max()) + 1 if x.group.numel() else 0
+    mean_g, std_g = group_mean_std(R, x.group, num_groups)
+    return R, mean_g, std_g
+
+
+def row_gate(x: InfoPOInputs, cfg: InfoPOConfig) -> torch.Tensor:
+    """[B] the variance gate g_b = sigmoid(−σ_g / T) of each trajectory's group, as ``infopo_advantage`` applies it."""
+    _, _, std_g = outcome_group_stats(x, cfg)
+    return variance_gate(std_g[x.group], cfg.gate_temperature)
+
+
 def infopo_advantage(x: InfoPOInputs, cfg: InfoPOConfig) -> tuple[torch.Tensor, dict[str, float]]:
     """Fused token advantages A [B, L] (float64; returns = advantages) and the ``infopo/*`` statistics."""
     mask = x.action_mask.bool()
@@ -350,8 +364,7 @@ def infopo_advantage(x: InfoPOInputs, cfg: InfoPOConfig) -> tuple[torch.Tensor, 
     num_groups = int(x.group.max()) + 1 if B else 0
     eps = cfg.epsilon
 
-    R = trajectory_scores(x.turn_rewards, x.num_turns, cfg.trajectory_score, cfg.gamma)
-    mean_g, std_g = group_mean_std(R, x.group, num_groups)
+    R, mean_g, std_g = outcome_group_stats(x, cfg)
     centred = R - mean_g[x.group]
     adv_b = centred / (std_g[x.group] + eps) if cfg.norm_adv_by_std else centred
     credit, fallback = turn_credits(x.turn_rewards, x.num_turns, cfg.turn_credit, cfg.gamma)

@@ -33,6 +33,7 @@ class StepOutput:
     turns: TurnBatch
     metrics: dict[str, float]
     turn_values: torch.Tensor | None
+    terms: dict[str, torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -122,4 +123,4 @@ def advantage_step(method: Method, records: Sequence[TurnRecord], uids: Sequence
             histograms.record(hist.TURN_IG, result.turn_values)
         histograms.record(hist.ADVANTAGE, advantages[infra.loss_mask])
         histograms.record(hist.TURNS, turns.num_turns)
-    return StepOutput(advantages, result.returns, infra, turns, metrics, result.turn_values)
+    return StepOutput(advantages, result.returns, infra, turns, metrics, result.turn_values, result.terms)

@@ -217,8 +217,9 @@ class IGPOTrainerSync(RunControl, CheckpointState, PPOTrainerSync):
         metrics.update(out.metrics)
         metrics[f"timing_s/{method.name}_advantage"] = time.perf_counter() - started
         if self.trajectory_dir is not None:
+            applied = trajectory_log.Applied(out.advantages, out.infra.loss_mask, out.turns.num_turns, out.terms)
             trajectory_log.write_step(self.trajectory_dir, int(self.global_steps), uids, ids["prompts"],
-                                      ids["responses"], padded["response_mask"], padded["rm_scores"], records)
+                                      ids["responses"], padded["response_mask"], padded["rm_scores"], records, applied)
         fields = {"advantages": response_to_nested(out.advantages.float(), nested_mask),
                   "returns": response_to_nested(out.returns.float(), nested_mask)}
         fields.update(masked_response(out.infra, padded["response_mask"], nested_mask))

@@ -3,9 +3,10 @@ checkpoint and the logs; the final summary prints tool calls, cache hit ratio an
 ``tools.stop_on_budget=false`` the refused searches are masked and training goes on: that run is the README example
 method's, tests/e2e/test_e2e_methods.py.
 
-The same run trains GiGPO (``algorithm.adv_estimator=gigpo``) for its one step through verl's real trainer on the
-demo's agent loop and tools, reading anchor states from the rollout's observation tokens, and logs the step-group
-metrics."""
+The same run trains GiGPO with verl-agent's search preset (``gigpo_preset=verl_agent_search``: similarity step groups at
+0.9, mean_std_norm, penalty 0.01, gamma 0.95) for its one step through verl's real trainer on the demo's agent loop
+and tools, reading anchor states from the rollout's observation tokens, logs the step-group metrics with the rows that
+joined by similarity, and writes the trajectory log, from which the applied advantages are recomputed."""
 
 import os
 import re
@@ -13,6 +14,9 @@ import re
 import pytest
 
 from guarded_run import NO_VALIDATION, run_guarded
+from igpo.core.gigpo import GiGPOConfig
+from igpo.integration.trajectory_log import read_step
+from logged_advantage import max_gigpo_log_error
 
 pytestmark = pytest.mark.e2e
 
@@ -22,7 +26,8 @@ def test_gigpo_trains_until_a_budget_of_one_search_ends_the_run_cleanly_with_a_c
     env = {**os.environ, "OUTPUT_DIR": str(run), "IGPO_DEVICE": "cpu", "TOOL_SERVER_ARGS": "--budget-search 1"}
     env.pop("TOOL_SERVER_URL", None)
     rc, out = run_guarded(["bash", "train_igpo.sh", *NO_VALIDATION, "trainer.total_training_steps=3",
-                           "tools.price_per_1k.local=2.0", "algorithm.adv_estimator=gigpo"], env, timeout=420)
+                           "tools.price_per_1k.local=2.0", "gigpo_preset=verl_agent_search",
+                           f"trainer.trajectory_dir={tmp_path / 'trajectories'}"], env, timeout=420)
     assert rc == 0, out[-4000:]
     # Stopped after step 1 of 3, saying why and what to do.
     assert re.search(r"igpo: tool budget spent \(local: 1 of a budget of 1 upstream calls\): stopping cleanly after "
@@ -60,4 +65,15 @@ def test_gigpo_trains_until_a_budget_of_one_search_ends_the_run_cleanly_with_a_c
     assert value("step_group_size_max") >= 2 and 0 < value("grouped_row_share") <= 1
     assert value("step_rows") >= 8 and value("anchor_fallbacks") == 0
     assert value("episode_adv_abs_mean") >= 0 and value("step_adv_abs_mean") >= 0
+    # Similarity groups were on: the rows after the first turn that joined a group by similarity, not identity.
+    assert value("similarity_joined_rows_after_first") >= 0 and value("similarity_joined_rows") >= 0
+    # The trajectory log holds what trained; GiGPO's formula on its logged inputs gives the logged advantages.
+    rows = read_step(tmp_path / "trajectories" / "step_00001.jsonl")
+    assert len(rows) == 64 and all({"advantage", "turn_spans", "terms"} <= row.keys() for row in rows)
+    assert {"episode_advantage", "step_advantage", "step_group", "similarity_joined"} <= rows[0]["terms"].keys()
+    preset = GiGPOConfig(mode="mean_std_norm", similarity=True, similarity_threshold=0.9, invalid_action_penalty=0.01,
+                         gamma=0.95)
+    assert max_gigpo_log_error(rows, preset) < 1e-6
+    joined = sum(v == 1.0 for row in rows for v in row["terms"]["similarity_joined"])
+    assert joined == value("similarity_joined_rows"), joined
     assert re.search(r"actor/pg_loss:-?[0-9.]+", log), log[-3000:]

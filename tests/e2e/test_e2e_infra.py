@@ -15,6 +15,7 @@ import pytest
 from fake_upstreams import FakeUpstream, InProcessServer
 from fault_retriever import ShareFailing, bm25_reply
 from guarded_run import GPU_PRECISION, REPO, SEARCHING_DEMO, run_guarded
+from igpo.integration.trajectory_log import read_step
 from tool_server.config import ServerConfig
 
 pytestmark = pytest.mark.e2e
@@ -60,6 +61,7 @@ def test_infopo_behind_a_retriever_failing_5_percent_completes_showing_the_maske
     failed turn), and InfoPO meets trajectories the infra policy masked. In verl's GPU precision (fp32 master
     weights, bf16 compute), the one trainer run of the tests in it: the actor's scoring and update under bf16."""
     rc, out, faults = _run_behind(tmp_path, 0.05, ["trainer.total_training_steps=2", "algorithm.adv_estimator=infopo",
+                                                   f"trainer.trajectory_dir={tmp_path / 'trajectories'}",
                                                    *GPU_PRECISION])
     assert rc == 0, out[-4000:]
     assert "igpo: step:2/2" in out and "infra breaker" not in out, out[-3000:]
@@ -78,3 +80,13 @@ def test_infopo_behind_a_retriever_failing_5_percent_completes_showing_the_maske
     assert values("failed_turns") == [0.0, 0.0]
     assert min(values("counterfactual_tokens")) <= min(values("counterfactual_tokens_unshared"))
     assert len(values("intrinsic_raw_std")) == 2 and all(math.isfinite(v) for v in values("intrinsic_raw_std"))
+    # The trajectory log holds InfoPO's per-turn counterfactual term and each row's gate beside what trained; a
+    # masked trajectory trained nothing and has no gate.
+    rows = [row for step in (1, 2) for row in read_step(tmp_path / "trajectories" / f"step_{step:05d}.jsonl")]
+    intrinsic = [v for row in rows for v in row["terms"]["intrinsic"] if v is not None]
+    assert len(intrinsic) == sum(values("scored_turns")), (len(intrinsic), values("scored_turns"))
+    for row in rows:
+        assert len(row["terms"]["intrinsic"]) == len(row["turn_spans"])
+        if row["advantage"]:
+            assert 0 < row["terms"]["gate"] <= 0.5 and row["terms"]["beta"] > 0
+    assert sum(not row["advantage"] for row in rows) >= sum(masked)

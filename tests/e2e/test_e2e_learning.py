@@ -18,6 +18,8 @@ import re
 import pytest
 
 from guarded_run import logged_values, run_guarded
+from igpo.integration.trajectory_log import read_step
+from logged_advantage import logged_turn_advantages
 
 pytestmark = pytest.mark.e2e
 
@@ -62,7 +64,8 @@ def test_the_same_seed_gives_the_same_run_and_the_policy_learns(tmp_path):
     leftovers: list[str] = []
     out_a, log_a = _run(tmp_path, "a", LEARN_STEPS, leftovers=leftovers)
     # Run b validates before training only: its validation after the last step would prove nothing here.
-    out_b, log_b = _run(tmp_path, "b", REPEAT_STEPS, "trainer.test_freq=-1")
+    out_b, log_b = _run(tmp_path, "b", REPEAT_STEPS, "trainer.test_freq=-1",
+                        f"trainer.trajectory_dir={tmp_path / 'trajectories'}")
     line_a = re.search(r"igpo: validation F1 before=([0-9.]+) after=([0-9.]+)", out_a)
     line_b = re.search(r"igpo: validation F1 before=([0-9.]+) after=n/a", out_b)
     assert line_a and line_b, out_a[-3000:]
@@ -118,3 +121,18 @@ def test_the_same_seed_gives_the_same_run_and_the_policy_learns(tmp_path):
     assert list((tmp_path / "a" / "tensorboard").rglob("events.out.tfevents.*")), "no TensorBoard events were written"
     # Nothing the run started outlives it: Ray's GCS, raylet and workers, the tool server (all in its process group).
     assert not leftovers, f"processes of the run outlived it: {leftovers}"
+
+    # Run b's trajectory log (its metrics equal run a's above, so keeping the log changes nothing that trains): with
+    # the actor scoring, each line holds the answer log-prob at every scored boundary and the information gain of
+    # every credited turn, and one advantage per turn on the trained tokens.
+    rows = read_step(tmp_path / "trajectories" / "step_00001.jsonl")
+    assert len(rows) == 64
+    terms = [row["terms"] for row in rows]
+    scored = [v for t in terms for v in t["answer_logprob"] if v is not None]
+    gains = [v for t in terms for v in t["information_gain"] if v is not None]
+    assert scored and gains and all(v <= 0 for v in scored), (len(scored), len(gains))
+    # igpo/ig_active_samples counts the trajectories with a credited turn
+    active = logged_values(log_b, "igpo/ig_active_samples")[0]
+    assert sum(any(v is not None for v in t["information_gain"]) for t in terms) == active, active
+    for row in rows:
+        assert len(logged_turn_advantages(row)) == len(row["turn_spans"]) == len(row["terms"]["answer_logprob"])

@@ -69,7 +69,8 @@ async def test_anchor_states_come_from_the_observation_tokens(tiny_tokenizer, an
     extras, fields, mask, scores, frame = await batch_of(tiny_tokenizer, SCRIPTS, OUTCOMES)
     method = gigpo_method(anchor=anchor)
     out = run(method, extras, fields, mask, scores, frame)
-    ids, _ = method.anchor_ids(SimpleNamespace(turns=out.turns, fields=fields), SimpleNamespace(frame=frame))
+    states, _ = method.anchor_states(SimpleNamespace(turns=out.turns, fields=fields), SimpleNamespace(frame=frame))
+    ids = method.exact_anchors(states, out.turns.width)
     found: dict[int, set] = {}
     for i, n in enumerate(out.turns.num_turns.tolist()):
         for t in range(n):
@@ -153,3 +154,51 @@ def test_config_section_is_parsed_once_and_refuses_unknown_keys():
     assert isinstance(gigpo_method(), GiGPOMethod) and gigpo_method().gigpo.gamma == 0.5
     section = yaml.safe_load((REPO / "configs" / "igpo_base.yaml").read_text())["algorithm"]["gigpo"]
     assert gigpo_config_from_algorithm({"gigpo": section}) == GiGPOConfig()
+
+
+async def test_similar_observations_share_a_step_group_with_similarity_on(tiny_tokenizer):
+    """The same batch with the observations' texts close but not identical: exact groups keep them apart, similarity
+    groups (verl-agent's search recipe, threshold 0.9) join them, and the joined rows are counted."""
+    def respond(name, args):
+        query = args["query"][0]
+        page = "The employer of Talven is Brightwater Mills, founded 1881 in Osk; it makes flour and paper."
+        return Result(True, page if query == "q1" else page.replace("1881", "1882") if query == "q2" else query)
+
+    extras, fields, mask, scores, frame = await batch_of(tiny_tokenizer, SCRIPTS, OUTCOMES, tools=FakeTools(respond))
+    scorer = SimpleNamespace(frame=frame, tokenizer=tiny_tokenizer)
+    exact = advantage_step(gigpo_method(), harness.records(extras), ["p0"] * 5, mask, scores, scorer=scorer,
+                           fields=fields)
+    similar = advantage_step(gigpo_method(similarity=True, similarity_threshold=0.9), harness.records(extras),
+                             ["p0"] * 5, mask, scores, scorer=scorer, fields=fields)
+    # Exact: the question, then q1's page {(0,1), (1,1), (4,2)} and q2's {(2,1), (4,1)}. Similar: one page group.
+    assert exact.metrics["gigpo/step_groups"] == 3 and similar.metrics["gigpo/step_groups"] == 2
+    assert "gigpo/similarity_joined_rows" not in exact.metrics
+    groups = similar.terms["step_group"]
+    assert len({float(groups[i, t]) for i, t in [(0, 1), (1, 1), (2, 1), (4, 1), (4, 2)]}) == 1
+    # q1's page came first (trajectory 0, turn 1), so q2's two rows joined by similarity, after the first turn.
+    assert similar.metrics["gigpo/similarity_joined_rows_after_first"] == 2
+    assert similar.terms["similarity_joined"][[2, 4], [1, 1]].tolist() == [1.0, 1.0]
+    assert similar.terms["similarity_joined"].sum() == 2
+    assert not torch.equal(exact.advantages, similar.advantages)
+    # A stricter threshold than the two pages' ratio keeps them apart again.
+    strict = advantage_step(gigpo_method(similarity=True, similarity_threshold=0.999), harness.records(extras),
+                            ["p0"] * 5, mask, scores, scorer=scorer, fields=fields)
+    assert torch.equal(strict.advantages, exact.advantages) and strict.metrics["gigpo/similarity_joined_rows"] == 0
+
+
+def test_the_similarity_keys_are_checked():
+    with pytest.raises(ValueError, match=r"similarity_threshold=1.0 must be a number in \(0, 1\)"):
+        gigpo_method(similarity=True, similarity_threshold=1.0)
+    with pytest.raises(ValueError, match="algorithm.gigpo.similarity='yes' must be true or false"):
+        gigpo_method(similarity="yes")
+
+
+def test_the_verl_agent_search_preset_sets_what_its_recipe_sets():
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base=None):
+        config = compose(config_name="cpu_demo", overrides=["gigpo_preset=verl_agent_search"])
+    assert config.algorithm.adv_estimator == "gigpo" and config.algorithm.gamma == 0.95
+    assert gigpo_config_from_algorithm(config.algorithm) == GiGPOConfig(
+        step_advantage_weight=1.0, mode="mean_std_norm", similarity=True, similarity_threshold=0.9,
+        invalid_action_penalty=0.01, anchor="last_observation", episode_pool="step_rows", gamma=0.95)

@@ -50,3 +50,51 @@ def test_the_option_is_off_by_default_and_a_bad_value_is_named(tmp_path):
     (tmp_path / "file").write_text("")
     with pytest.raises(ValueError, match=r"trainer.trajectory_dir=.*file/x: cannot create it"):
         trajectory_log.trajectory_dir(OmegaConf.create({"trajectory_dir": str(tmp_path / "file" / "x")}))
+
+
+async def test_a_gigpo_step_logs_the_advantage_that_trained_and_it_is_recomputed_from_the_log(tiny_tokenizer, tmp_path):
+    """GiGPO through the pipeline on the real agent loop's trajectories, logged with what trained: every turn's
+    logged advantage equals GiGPO's formula on the logged inputs (score, uid, step group, invalid flag), and a log
+    whose per-turn terms are shifted by one turn no longer does."""
+    from test_gigpo_method import OUTCOMES, SCRIPTS, batch_of, gigpo_method, run
+
+    import method_harness as harness
+    from logged_advantage import max_gigpo_log_error
+
+    extras, fields, mask, scores, frame = await batch_of(tiny_tokenizer, SCRIPTS, OUTCOMES)
+    method = gigpo_method(mode="mean_std_norm")
+    out = run(method, extras, fields, mask, scores, frame)
+    applied = trajectory_log.Applied(out.advantages, out.infra.loss_mask, out.turns.num_turns, out.terms)
+    path = trajectory_log.write_step(tmp_path, 1, ["p0"] * 5, fields["prompts"], fields["responses"], mask, scores,
+                                     harness.records(extras), applied)
+    rows = trajectory_log.read_step(path)
+    assert [len(r["turn_spans"]) for r in rows] == [2, 2, 2, 1, 3]
+    # Every trained token is in exactly one run, and no other token is.
+    for i, row in enumerate(rows):
+        covered = [v is not None for v in trajectory_log.token_advantages(row)]
+        assert covered == mask[i, :len(row["response_ids"])].tolist()
+    assert max_gigpo_log_error(rows, method.gigpo) < 1e-9
+    assert {r["terms"]["step_group"][0] for r in rows} == {0.0}  # every first turn: the question's group
+
+    def shifted(row):
+        terms = {k: (v[1:] + v[:1] if isinstance(v, list) else v) for k, v in row["terms"].items()}
+        return {**row, "terms": terms}
+
+    assert max_gigpo_log_error([shifted(r) for r in rows], method.gigpo) > 1e-3
+    spans_shifted = [{**r, "turn_spans": r["turn_spans"][1:] + r["turn_spans"][:1]} for r in rows]
+    assert max_gigpo_log_error(spans_shifted, method.gigpo) > 1e-3
+
+
+def test_advantage_runs_cover_the_mask_and_split_on_value_and_gap():
+    values = torch.tensor([0.5, 0.5, 9.0, 0.5, -1.0, -1.0, 2.0, 2.0])
+    mask = torch.tensor([1, 1, 0, 1, 1, 1, 0, 1], dtype=torch.bool)
+    assert trajectory_log.advantage_runs(values, mask) == [[0, 2, 0.5], [3, 4, 0.5], [4, 6, -1.0], [7, 8, 2.0]]
+    assert trajectory_log.advantage_runs(values, torch.zeros(8, dtype=torch.bool)) == []
+
+
+def test_a_term_of_another_shape_is_refused(tmp_path):
+    applied = trajectory_log.Applied(torch.zeros(1, 2), torch.ones(1, 2, dtype=torch.bool), torch.tensor([1]),
+                                     {"bad": torch.zeros(1, 1, 1)})
+    with pytest.raises(ValueError, match=r"term 'bad' is \(1, 1, 1\)"):
+        trajectory_log.write_step(tmp_path, 1, ["u"], [torch.tensor([1])], [torch.tensor([2, 3])],
+                                  torch.ones(1, 2), torch.zeros(1, 2), [_record([1], [1], [None])], applied)

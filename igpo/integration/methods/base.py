@@ -40,13 +40,17 @@ class StepBatch:
 
 @dataclass
 class MethodResult:
-    """[B, L] advantages and returns (float), step metrics (logged as given), and the per-turn values the method
-    credited (for the ``igpo/hist/turn_ig`` histogram; empty when it credits none)."""
+    """[B, L] advantages and returns (float), step metrics (logged as given), the per-turn values the method
+    credited (for the ``igpo/hist/turn_ig`` histogram; empty when it credits none), and ``terms``: what the advantage
+    was made of, by name, each a [B] tensor (one value per trajectory) or a [B, T] tensor (one per turn, T =
+    ``batch.turns.width``), NaN where a term has no value for that row or turn. ``trainer.trajectory_dir`` writes them
+    beside the applied advantage (``igpo.integration.trajectory_log``), so a term's name is the key a user reads."""
 
     advantages: Tensor
     returns: Tensor
     metrics: dict[str, float] = field(default_factory=dict)
     turn_values: Tensor | None = None
+    terms: dict[str, Tensor] = field(default_factory=dict)
 
 
 class Method:

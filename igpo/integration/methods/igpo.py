@@ -13,12 +13,16 @@ turn: scored by the rollout engine during the rollout (``score_on=rollout``) or 
 (``score_on=actor``). The warm-up gate (``ig_warmup_timing``) and the curriculum are applied here; the gate's state is
 saved with the checkpoint. An empty turn (an aborted generation) ends on its untrained end-of-turn token: its IG or
 penalty is a reward position outside the loss mask (``igpo/empty_turns``).
+
+Only ``IGPOMethod.turn_gains`` produces the per-turn values (``TurnGains``); a method that credits turns with
+something else (``methods/oracle.py``: the demo world's hops) subclasses it and replaces that one step.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -35,10 +39,28 @@ from igpo.integration.methods.base import Method, MethodResult, StepBatch, regis
 logger = logging.getLogger(__name__)
 
 
+@dataclass
+class TurnGains:
+    """What ``IGPOMethod.turn_gains`` hands the rest of the pipeline: ``gain`` [B, T−1] float, the reward of tool turn
+    j (0 where ``mask`` is False); ``mask`` [B, T−1] bool, the turns that carry a reward position (a gain of 0 is still
+    one); ``stats``, logged as ``igpo/<name>``; ``terms``, per-boundary [B, T] values for the trajectory log (NaN where
+    none); ``skipped``, samples the actor could not score (counted in ``igpo/scoring_errors``)."""
+
+    gain: torch.Tensor
+    mask: torch.Tensor
+    stats: dict[str, float] = field(default_factory=dict)
+    terms: dict[str, torch.Tensor] = field(default_factory=dict)
+    skipped: float = 0.0
+
+
 @register_method("igpo", "grpo_info_gain")
 class IGPOMethod(Method):
+    """Subclasses replace ``turn_gains`` (what a tool turn is credited with) and keep the rest: format penalty,
+    warm-up gate, curriculum, infrastructure masking, ARPO pool weights, ``advantage_at_boundaries``, metrics, terms."""
+
     name = "igpo"
     title = "IGPO turn-level"
+    gain_term = "information_gain"  # the trajectory log's name of the per-turn gain (MethodResult.terms)
 
     def __init__(self, config: Any):
         super().__init__(config)
@@ -60,23 +82,12 @@ class IGPOMethod(Method):
         has_tokens = last >= 0
         outcome = batch.rm_scores.sum(-1)
         num_turns, turn_ends, T = turns.num_turns, turns.turn_ends, turns.width
-        boundary_lp = turns.answer_logprobs(cfg.info_gain.answer_alias)
-        scored = torch.zeros(B, T, dtype=torch.bool)
-        for i, row in enumerate(scored_boundaries(turns.tool_names, cfg.info_gain, turns.tool_status)):
-            scored[i, :len(row)] = torch.tensor(row, dtype=torch.bool)
-        skipped = 0.0
-        if cfg.score_on == "actor":
-            boundary_lp, skipped = self._score_on_actor(batch, scorer, scored, metrics)
-        elif cfg.verify_scoring:
-            actor_lp, skipped = self._score_on_actor(batch, scorer, scored, metrics)
-            both = torch.isfinite(actor_lp) & torch.isfinite(boundary_lp)
-            diff = (actor_lp - boundary_lp).abs()[both]
-            metrics["igpo/scoring_rollout_vs_actor_max_abs_diff"] = float(diff.max()) if diff.numel() else float("nan")
+        gains = self.turn_gains(batch, scorer, metrics)
+        ig, ig_turn_mask, ig_stats = gains.gain, gains.mask, dict(gains.stats)
 
         # An outage's outcome says nothing about the policy: masked rows do not move the warm-up gate either.
         counted = has_tokens & ~infra.rows
         gate_open = self.warmup.update(float(outcome[counted].mean()) if bool(counted.any()) else 0.0)
-        ig, ig_turn_mask, ig_stats = turn_information_gain(boundary_lp.float(), scored, num_turns, cfg.info_gain)
         # Turn j < N-1 ends on its last generated token; the final turn carries the outcome instead.
         tool_turn = torch.arange(T - 1)[None, :] < (num_turns[:, None] - 1)
         ig_stats.update(ig_by_answer_seen(ig, ig_turn_mask & tool_turn & turns.answer_known[:, :-1],
@@ -115,15 +126,51 @@ class IGPOMethod(Method):
             bounds, infra.loss_mask, batch.group, cfg.advantage, outcome_weight=w_outcome, ig_weight_schedule=w_ig,
             masked_turns_ok=True)
         metrics["igpo/empty_turns"] = float(sum(r.empty_turns for r in turns.records))
+        nan = torch.tensor(float("nan"), dtype=torch.float64)
+        information_gain = torch.full((B, T), float("nan"), dtype=torch.float64)
+        information_gain[:, :-1] = torch.where(ig_turn_mask, ig.double(), nan)
+        format_penalty = torch.full((B, T), float("nan"), dtype=torch.float64)
+        format_penalty[:, :-1] = torch.where(signal_turn, tool_penalty.double(), nan)
+        terms = {**gains.terms, self.gain_term: information_gain, "format_penalty": format_penalty,
+                 "outcome": torch.where(infra.rows | ~has_tokens, nan, outcome.double()),
+                 "outcome_weight": torch.full((B,), float(w_outcome), dtype=torch.float64),
+                 "ig_weight": torch.full((B,), float(w_ig), dtype=torch.float64)}
         metrics.update(adv_metrics)
         metrics.update({f"igpo/{k}": v for k, v in ig_stats.items()})
         # Samples the actor could not score (bad probe, context window) are scoring errors too, whichever side scored.
-        metrics["igpo/scoring_errors"] = float(sum(r.scoring_errors for r in turns.records)) + skipped
+        metrics["igpo/scoring_errors"] = float(sum(r.scoring_errors for r in turns.records)) + gains.skipped
         metrics["igpo/ig_gate_active"] = float(gate_open)
         metrics["igpo/outcome_score_ema"] = float(self.warmup.ema if self.warmup.ema is not None else 0.0)
         if cfg.curriculum.enabled:
             metrics["curriculum/f1_weight"], metrics["curriculum/ig_weight"] = w_outcome, w_ig
-        return MethodResult(advantages, returns, metrics, turn_values=ig[ig_turn_mask])
+        return MethodResult(advantages, returns, metrics, turn_values=ig[ig_turn_mask], terms=terms)
+
+    def turn_gains(self, batch: StepBatch, scorer: Any, metrics: dict) -> TurnGains:
+        """IG_j of every tool turn from the answer log-probs at the scored boundaries: the rollout's
+        (``score_on=rollout``) or the actor's packed scorer's (``score_on=actor``, and with ``verify_scoring`` both,
+        their largest difference logged). The one step a method of this family replaces."""
+        turns, cfg = batch.turns, self.igpo
+        boundary_lp = turns.answer_logprobs(cfg.info_gain.answer_alias)
+        scored = self.scored_boundaries(batch)
+        skipped = 0.0
+        if cfg.score_on == "actor":
+            boundary_lp, skipped = self._score_on_actor(batch, scorer, scored, metrics)
+        elif cfg.verify_scoring:
+            actor_lp, skipped = self._score_on_actor(batch, scorer, scored, metrics)
+            both = torch.isfinite(actor_lp) & torch.isfinite(boundary_lp)
+            diff = (actor_lp - boundary_lp).abs()[both]
+            metrics["igpo/scoring_rollout_vs_actor_max_abs_diff"] = float(diff.max()) if diff.numel() else float("nan")
+        ig, ig_turn_mask, ig_stats = turn_information_gain(boundary_lp.float(), scored, turns.num_turns, cfg.info_gain)
+        return TurnGains(ig, ig_turn_mask, ig_stats, {"answer_logprob": boundary_lp.double()}, skipped)
+
+    def scored_boundaries(self, batch: StepBatch) -> torch.Tensor:
+        """[B, T] bool: the boundaries ``algorithm.igpo`` selects (tool filter, ``ig_compute_freq``, ``ig_turns``;
+        ``igpo.core.info_gain.scored_boundaries``); boundary s ≥ 1 gives turn s − 1 its reward position."""
+        turns = batch.turns
+        scored = torch.zeros(len(turns.records), turns.width, dtype=torch.bool)
+        for i, row in enumerate(scored_boundaries(turns.tool_names, self.igpo.info_gain, turns.tool_status)):
+            scored[i, :len(row)] = torch.tensor(row, dtype=torch.bool)
+        return scored
 
     @staticmethod
     def _shared_turn_weights(batch: StepBatch, ig_turn_mask: torch.Tensor, metrics: dict) -> torch.Tensor | None:

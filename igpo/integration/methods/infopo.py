@@ -18,7 +18,7 @@ import torch
 
 from igpo.config import ConfigError, infopo_config_from_algorithm
 from igpo.core.arpo import shared_turn_weights
-from igpo.core.infopo import ContinuationRequest, InfoPOInputs, infopo_advantage, observation_content_span
+from igpo.core.infopo import ContinuationRequest, InfoPOInputs, infopo_advantage, observation_content_span, row_gate
 from igpo.core.infra import token_turns
 from igpo.integration.methods.base import Method, MethodResult, StepBatch, register_method
 
@@ -101,11 +101,17 @@ class InfoPOMethod(Method):
                               epoch=int(batch.epoch),
                               pool_weight=pool_weight[keep] if pool_weight is not None else None)
         advantages = torch.zeros(B, L, dtype=torch.float64)
+        nan = float("nan")
+        gate, beta, magnitude = (torch.full((B,), nan, dtype=torch.float64) for _ in range(3))
         if keep.numel():
             advantages[keep], stats = infopo_advantage(inputs, self.infopo)
             metrics.update({f"infopo/{k}": v for k, v in stats.items()})
-        return MethodResult(advantages, advantages, metrics,
-                            turn_values=intrinsic[scored & ~infra.turns & ~infra.rows[:, None]])
+            gate[keep] = row_gate(inputs, self.infopo)
+            beta[keep], magnitude[keep] = stats["beta_t"], stats["magnitude_ratio"]
+        credited = scored & ~infra.turns & ~infra.rows[:, None]
+        terms = {"intrinsic": torch.where(credited, intrinsic, nan), "gate": gate, "beta": beta,
+                 "magnitude_ratio": magnitude}
+        return MethodResult(advantages, advantages, metrics, turn_values=intrinsic[credited], terms=terms)
 
     def _shared_turn_weights(self, batch: StepBatch, intrinsic: torch.Tensor, pooled: torch.Tensor,
                              metrics: dict) -> torch.Tensor | None:
