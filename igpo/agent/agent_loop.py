@@ -334,6 +334,7 @@ class IGPOAgentLoop(AgentLoopBase):
             ended = bool(ids) and ids[-1] == frame.eot_id
             traj.append(ids, True, logprobs)
             traj.record.turn_ends.append(len(traj.context) - traj.prompt_len - 1)
+            traj.record.turn_versions.append(traj.turn_version)
             if not ended:  # the engine stopped at max_tokens (or aborted): close the turn for the template.
                 # The policy did not sample this token, so it is not trained on (mask 0).
                 traj.append([frame.eot_id], False)

@@ -57,7 +57,9 @@ class TurnRecord:
     ``hop_right`` (per turn, when the sample names its chain's entities (``hop_targets``): the turn is a tool call that
     named the chain's next entity not reached yet, i.e. it made the next correct hop; False for a wrong hop, an
     answer or a malformed turn; empty without targets). The k-th True is the chain's hop k; ``sum(hop_right)`` hops
-    were reached."""
+    were reached. ``turn_versions`` (per turn, ``[first, last]``: the weight versions, verl's global step of the
+    last update the rollout engine had loaded, that generated it; two differ when an asynchronous trainer paused the
+    generation for an update and resumed it on the new weights; None when the engine reports no version)."""
 
     turn_ends: list[int] = field(default_factory=list)
     boundaries: list[int] = field(default_factory=list)
@@ -67,6 +69,7 @@ class TurnRecord:
     answer_logprobs: list[list[float] | None] = field(default_factory=list)
     answer_seen: list[bool] = field(default_factory=list)
     hop_right: list[bool] = field(default_factory=list)
+    turn_versions: list[list[int] | None] = field(default_factory=list)
     infra_errors: int = 0
     forced_final: bool = False
     cutoff: bool = False
@@ -109,7 +112,7 @@ class TurnRecord:
         # The turn count is the record's own: lists longer than it (an older loop) are cut, no count means no turns.
         num_turns = int(fields.get("igpo_num_turns") or 0)
         for name in ("turn_ends", "boundaries", "tool_names", "tool_status", "format_ok", "answer_logprobs",
-                     "hop_right"):
+                     "hop_right", "turn_versions"):
             values[name] = values.get(name, [])[:num_turns]
         if "arpo_parent" in fields:
             values["branch"] = BranchRecord(**{

@@ -31,6 +31,7 @@ class Trajectory:
     generate_s: float = 0.0
     tool_s: float = 0.0
     num_preempted: int = -1
+    turn_version: list | None = None  # [first, last] weight version of the latest generation (merge_server_fields)
 
     def append(self, ids: list[int], trained: bool, logprobs: list[float] | None = None) -> None:
         self.context.extend(ids)
@@ -41,11 +42,15 @@ class Trajectory:
     def merge_server_fields(self, out: Any) -> None:
         """Keep the weight versions the trajectory was generated with (verl's v1 trainer needs both)."""
         fields_ = out.extra_fields or {}
+        first = fields_.get("min_global_steps", fields_.get("global_steps"))
         if "min_global_steps" not in self.server_fields:
-            self.server_fields["min_global_steps"] = fields_.get("min_global_steps", fields_.get("global_steps"))
+            self.server_fields["min_global_steps"] = first
         latest = fields_.get("max_global_steps", fields_.get("global_steps"))
         if latest is not None:
             self.server_fields["max_global_steps"] = latest
+        # verl's asynchronous client resumes an aborted generation on new weights and reports the first and last
+        # version it used; the synchronous one reports the one version.
+        self.turn_version = None if first is None and latest is None else [first, latest]
         if out.num_preempted is not None:
             self.num_preempted = max(self.num_preempted, 0) + out.num_preempted
 

@@ -5,10 +5,17 @@ This module implements the same contracts with plain ``transformers``:
 
 * ``HFRolloutServer`` — the Ray actor behind ``LLMServerClient.generate`` (token in, token out), with per-token
   log-probs, vLLM-compatible ``prompt_logprobs`` (what rollout-side answer scoring uses) and weight updates.
-  Concurrent requests are gathered into batches and decoded together with a KV cache.
-* ``HFReplica`` — the ``RolloutReplica`` that starts one server per replica.
-* ``HFServerAdapter`` — the ``BaseRollout`` living in each hybrid actor worker; it pushes the trainer's weights
-  to the server after every update, so rollouts always sample from the current policy.
+  Concurrent requests are gathered into batches and decoded together with a KV cache. For verl's asynchronous trainer
+  modes it pauses as vLLM does: ``abort_all_requests`` closes a gate, stops the batch being decoded after its current
+  token and answers every unfinished request with what it has so far (``stop_reason="aborted"``; verl's
+  ``FullyAsyncLLMServerClient`` sends the rest again after ``resume_generation``, to the new weights); requests that
+  arrive behind the closed gate wait for it to open (or are answered at once as aborted with ``reject_request``).
+* ``HFReplica`` — the ``RolloutReplica`` that starts one server per replica, on the trainer's workers (hybrid) or
+  on a resource pool of its own (standalone: verl's ``separate_async`` schedule).
+* ``HFServerAdapter`` — the ``BaseRollout`` that loads weights into the server: in each hybrid actor worker it pushes
+  the trainer's weights after every update, so rollouts always sample from the current policy; in a standalone
+  replica's checkpoint-engine worker it loads what the checkpoint engine received (``igpo.cpu.checkpoint_engine``),
+  with the trainer's step as the weight version.
 """
 
 from __future__ import annotations
@@ -16,17 +23,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import threading
 from dataclasses import dataclass, field
-from typing import Any, Generator, Optional
+from typing import Any, AsyncIterable, Iterable, Optional
 
 import ray
 import torch
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, TokenOutput
+from verl.workers.rollout.utils import ensure_async_iterator
 
 logger = logging.getLogger(__name__)
 
 SERVER_NAME = "igpo_hf_rollout_server_{replica_rank}"
+NamedTensor = tuple[str, torch.Tensor]
 MAX_BATCH = 64
 
 
@@ -95,6 +105,14 @@ class HFRolloutServer:
         self._generator = torch.Generator().manual_seed(int(seed))
         self._queue: asyncio.Queue[_Request] | None = None
         self._worker: asyncio.Task | None = None
+        # Pausing for a weight update (module docstring): the gate new requests pass, the flag the decoding thread
+        # reads after every token, and whether a batch is being decoded now.
+        self._gate = asyncio.Event()
+        self._gate.set()
+        self._reject = False
+        self._abort = threading.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
 
     def _eos_ids(self) -> list[int]:
         eos = self.model.generation_config.eos_token_id
@@ -116,6 +134,11 @@ class HFRolloutServer:
         if image_data or video_data:
             raise ValueError("the CPU hf rollout serves text-only models; got image/video inputs")
         prompt_ids = list(prompt_ids)
+        if not self._gate.is_set():
+            if self._reject:
+                return TokenOutput(token_ids=[], log_probs=[], stop_reason="aborted",
+                                   extra_fields={"global_steps": self.global_steps})
+            await self._gate.wait()
         room = self.max_model_len - len(prompt_ids)
         if room < 1:
             raise ValueError(
@@ -149,6 +172,7 @@ class HFRolloutServer:
             batch = [await self._queue.get()]
             while not self._queue.empty() and len(batch) < MAX_BATCH:
                 batch.append(self._queue.get_nowait())
+            self._idle.clear()
             try:
                 results = await asyncio.to_thread(self._generate_batch, batch)
             except Exception as error:  # noqa: BLE001 - forwarded to every waiting caller
@@ -156,6 +180,8 @@ class HFRolloutServer:
                     if not request.future.done():
                         request.future.set_exception(error)
                 continue
+            finally:
+                self._idle.set()
             for request, result in zip(batch, results):
                 if not request.future.done():
                     request.future.set_result(result)
@@ -195,6 +221,8 @@ class HFRolloutServer:
         eos = torch.tensor(sorted(self.eos_ids))
         next_pos = positions[:, -1] + 1
         for step in range(int(max_tokens.max())):
+            if self._abort.is_set():  # paused for a weight update: every unfinished row returns what it has
+                break
             # Log-probs of the sampled tokens under logits / temperature, as verl's actor computes them.
             scale = torch.where(temperature > 0, temperature, torch.ones_like(temperature))
             log_softmax = (logits / scale[:, None]).log_softmax(-1)
@@ -216,7 +244,8 @@ class HFRolloutServer:
         results = []
         for row, request in enumerate(batch):
             stopped_on_eos = bool(tokens[row]) and tokens[row][-1] in self.eos_ids
-            results.append((tokens[row], logps[row], "completed" if stopped_on_eos else "length", prompt_lp[row]))
+            reason = "completed" if stopped_on_eos else "length" if bool(done[row]) else "aborted"
+            results.append((tokens[row], logps[row], reason, prompt_lp[row]))
         return results
 
     @staticmethod
@@ -250,7 +279,7 @@ class HFRolloutServer:
             result.append((top.values.tolist() + [[0.0] * k], top.indices.tolist() + [[0] * k]))
         return result
 
-    # ---- weights and lifecycle (the hybrid engine's sleep/wake protocol is a no-op on CPU) --------------------
+    # ---- weights and lifecycle (the hybrid engine's sleep/wake is a no-op on CPU; pausing is not) ---------------
 
     def update_weights(self, state_dict: dict[str, torch.Tensor], global_steps: Optional[int] = None) -> int:
         # state_dict(keep_vars=True) also lists tied aliases such as lm_head.weight, which trainers may send.
@@ -270,8 +299,28 @@ class HFRolloutServer:
 
     async def wake_up(self): return None
     async def sleep(self): return None
-    async def abort_all_requests(self, reject_request: bool = False): return {"aborted_count": 0, "request_ids": []}
-    async def resume_generation(self): return None
+    async def abort_all_requests(self, reject_request: bool = False) -> dict[str, Any]:
+        """Close the gate, answer the queued requests and the batch being decoded as aborted (with the tokens they
+        have), and return once no batch is decoding, so that a weight update that follows never races a forward
+        pass. Requests arriving later wait for ``resume_generation`` (``reject_request``: are answered as aborted)."""
+        self._gate.clear()
+        self._reject = reject_request
+        self._abort.set()
+        aborted = 0
+        while self._queue is not None and not self._queue.empty():
+            request = self._queue.get_nowait()
+            if not request.future.done():
+                request.future.set_result(([], [], "aborted", None))
+                aborted += 1
+        running = not self._idle.is_set()
+        await self._idle.wait()
+        self._abort.clear()
+        return {"aborted_count": aborted + int(running), "request_ids": []}
+
+    async def resume_generation(self):
+        """Open the gate closed by ``abort_all_requests``: waiting requests go on, on the weights loaded since."""
+        self._reject = False
+        self._gate.set()
     async def clear_kv_cache(self): return None
     async def release_kv_cache(self): return None
     async def resume_kv_cache(self): return None
@@ -280,7 +329,9 @@ class HFRolloutServer:
 
 
 class HFReplica(RolloutReplica):
-    """One ``HFRolloutServer`` per replica; the weights come from the hybrid actor workers."""
+    """One ``HFRolloutServer`` per replica. Hybrid: the weights come from the actor workers it shares. Standalone
+    (``init_standalone``): verl starts one checkpoint-engine worker per rollout rank on the replica's own resource
+    pool, and the weights come through the checkpoint engine; the server is the same either way."""
 
     async def launch_servers(self):
         name = SERVER_NAME.format(replica_rank=self.replica_rank)
@@ -301,7 +352,8 @@ class HFReplica(RolloutReplica):
 
 
 class HFServerAdapter(BaseRollout):
-    """Lives in each hybrid actor worker; rank 0 of the replica pushes updated weights to the server."""
+    """Lives in each hybrid actor worker, or in each checkpoint-engine worker of a standalone replica; rank 0 of the
+    replica pushes updated weights to the server."""
 
     def __init__(self, config, model_config, device_mesh, replica_rank: int = -1):
         super().__init__(config, model_config, device_mesh)
@@ -322,11 +374,13 @@ class HFServerAdapter(BaseRollout):
     async def release(self):
         return None
 
-    async def update_weights(self, weights: Generator[tuple[str, torch.Tensor], None, None],
+    async def update_weights(self, weights: Iterable[NamedTensor] | AsyncIterable[NamedTensor],
                              global_steps: Optional[int] = None, wire_format: str = "named_tensors", **kwargs):
+        """Load ``weights`` into the server as version ``global_steps``: the actor's generator (hybrid) or the
+        checkpoint engine's asynchronous one (standalone)."""
         if wire_format != "named_tensors":
             raise ValueError(f"hf rollout supports wire_format='named_tensors' only, got {wire_format!r}")
         # Every rank must drain the generator (it may gather shards collectively); only the leader sends.
-        state = {name: tensor.detach().to("cpu").clone() for name, tensor in weights}
+        state = {name: tensor.detach().to("cpu").clone() async for name, tensor in ensure_async_iterator(weights)}
         if self.is_leader:
             await self._server_handle().update_weights.remote(state, global_steps)

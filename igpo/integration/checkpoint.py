@@ -1,5 +1,8 @@
-"""What the ``igpo_sync`` trainer saves beside verl's checkpoint (``igpo_state.json``: the method's state, the health
-monitor, the infra breaker) and the one-line report that shows a resume restored it."""
+"""What our trainer modes save beside verl's checkpoint (``igpo_state.json``: the method's state, the health monitor,
+the infra breaker), the one-line report that shows a resume restored it, and the line that says what a resume does with
+the rollout that was in flight: verl saves TransferQueue with the checkpoint in every mode but its plain ``sync``
+(ours included), so finished trajectories not yet trained come back as they were, and prompts still being generated
+are generated again from their prompts on the resumed weights (their partial trajectories are dropped)."""
 
 from __future__ import annotations
 
@@ -7,9 +10,25 @@ import json
 import logging
 import os
 
+import transfer_queue as tq
+
 logger = logging.getLogger(__name__)
 
 STATE_FILE = "igpo_state.json"
+
+
+def rollout_in_checkpoint(listed: dict) -> dict[str, int]:
+    """What a checkpoint's TransferQueue holds for the next steps, from its keys and tags (``tq.kv_list``): the prompt
+    groups that finished generating and their trajectories (trained after the resume as they are), and the groups still
+    pending or running with the trajectories they had written (verl drops those and generates the groups again).
+    Trajectories whose group has no prompt entry any more were trained in the checkpoint's own step and are counted
+    nowhere."""
+    status = {key: tag.get("status") for key, tag in listed.items() if tag.get("is_prompt", False)}
+    done = {key for key, value in status.items() if value in ("finished", "failure")}
+    inflight = {key for key, value in status.items() if value in ("pending", "running")}
+    owners = [key.split("_", 1)[0] for key, tag in listed.items() if not tag.get("is_prompt", False)]
+    return {"finished_groups": len(done), "finished_trajectories": sum(owner in done for owner in owners),
+            "inflight_groups": len(inflight), "partial_trajectories": sum(owner in inflight for owner in owners)}
 
 
 class CheckpointState:
@@ -69,3 +88,15 @@ class CheckpointState:
             logger.warning("igpo: no %s in %s; the method's state (IGPO's warm-up gate), the health monitor and the "
                            "infra breaker restart from scratch", STATE_FILE, folder)
         logger.warning("igpo: resumed from %s: %s", folder, json.dumps(self._checkpoint_report(), sort_keys=True))
+
+    def _reissue_inflight_prompts(self, partition_id: str = "train") -> int:
+        resumed = self.global_steps > 1  # fit() has moved to the step after the checkpoint's
+        listed = (tq.kv_list(partition_id) or {}).get(partition_id, {}) if resumed else {}
+        reissued = super()._reissue_inflight_prompts(partition_id)
+        if resumed:
+            held = rollout_in_checkpoint(listed)
+            logger.warning("igpo: resumed rollout: %d finished trajectories of %d prompt groups restored from the "
+                           "checkpoint's TransferQueue; %d prompt groups that were in flight are generated again from "
+                           "their prompts (their %d partial trajectories dropped)", held["finished_trajectories"],
+                           held["finished_groups"], reissued, held["partial_trajectories"])
+        return reissued

@@ -1,8 +1,13 @@
-"""Trainer mode ``igpo_sync`` for verl's v1 trainer (``trainer.v1.trainer_mode=igpo_sync``).
+"""Trainer modes for verl's v1 trainer with turn-level methods, chosen by ``trainer.v1.trainer_mode``: ``igpo_sync``
+(synchronous), ``igpo_colocate_async`` (asynchronous, rollout and training on the same devices, partial rollouts) and
+``igpo_separate_async`` (asynchronous, a standalone rollout on devices of its own).
 
 verl's registered estimators only see ``token_level_rewards``/``response_mask``/``uid``; a turn-level method needs
-each trajectory's turn structure. This subclass of the stock synchronous trainer replaces ``_compute_advantage``
-with one pipeline for every method (``igpo.integration.methods``, chosen by ``algorithm.adv_estimator``):
+each trajectory's turn structure. ``TurnLevelTrainer`` replaces verl's ``_compute_advantage`` with one pipeline for
+every method (``igpo.integration.methods``, chosen by ``algorithm.adv_estimator``), and each mode is that one class
+over verl's trainer of the same schedule (``PPOTrainerSync``, ``PPOTrainerColocateAsync``,
+``PPOTrainerSeparateAsync``): verl decides when prompts are dispatched, when generation pauses and when weights move;
+the step itself is the same code:
 
     fetch the step's trajectories and their turn records (``igpo.agent.records``) from TransferQueue
     -> ARPO's check of the stored tree (``algorithm.arpo.enabled``)
@@ -15,6 +20,12 @@ An estimator no method claims (``grpo``, ``rloo``, ...) is verl's own step on th
 same pipeline (``igpo.integration.methods.outcome``). Around the pipeline: deterministic prompt uids and batch order
 (one seed, one run), the rollout failure guard, the run's early stops and reports (``run_control``), the checkpointed
 state (``checkpoint``).
+
+In the asynchronous mode a trajectory may span weight versions (its generation was paused for an update and resumed
+on the new weights). Every answer probe and counterfactual the methods score is scored here, at the advantage, by
+the actor's current weights: the weights that compute the step's ``old_log_probs`` and take its update. So the
+information gain of every turn of a trajectory comes from one model, whatever versions generated its turns
+(docs/guide/async.md).
 """
 
 from __future__ import annotations
@@ -34,6 +45,8 @@ from tensordict import NonTensorStack, TensorDict
 import transfer_queue as tq
 from verl.trainer.ppo.v1 import trainer_base
 from verl.trainer.ppo.v1.trainer_base import register_trainer
+from verl.trainer.ppo.v1.trainer_colocate_async import PPOTrainerColocateAsync
+from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.workers.utils.padding import response_to_nested
 
@@ -108,9 +121,9 @@ def masked_response(infra: InfraMask, padded_mask: torch.Tensor, nested_mask) ->
     return {"response_mask": mask, "loss_mask": mask}
 
 
-@register_trainer("igpo_sync")
-class IGPOTrainerSync(RunControl, CheckpointState, PPOTrainerSync):
-    """verl's synchronous v1 trainer with turn-level methods (IGPO, InfoPO, ...) in one advantage pipeline."""
+class TurnLevelTrainer(RunControl, CheckpointState):
+    """The turn-level advantage pipeline and its run control, over any of verl's v1 trainers (the class after it in
+    a mode's bases decides the schedule)."""
 
     histograms = hist.StepHistograms(enabled=False)  # trainer.histograms=true: __init__ gives the run its own
 
@@ -239,6 +252,13 @@ class IGPOTrainerSync(RunControl, CheckpointState, PPOTrainerSync):
 
     def _compute_metrics(self, batch, metrics, timing_raw, global_steps, epoch):
         super()._compute_metrics(batch, metrics, timing_raw, global_steps, epoch)
+        # verl logs how many weight versions trajectories spanned (training/off_policy/trajectory_spans/*); the share
+        # that spanned more than one is how many were paused for an update and resumed on new weights.
+        spans = [int(tag["max_global_steps"]) - int(tag["min_global_steps"]) for tag in batch.tags
+                 if not tag.get("is_padding", False) and tag.get("min_global_steps") is not None
+                 and tag.get("max_global_steps") is not None]
+        if spans:
+            metrics["igpo/partial_trajectory_share"] = float(np.mean([span > 0 for span in spans]))
         # The step's wall time is known only now; actor-side scoring is IGPO's main extra cost, so report its share.
         if "timing_s/igpo_scoring" in metrics and timing_raw.get("step"):
             metrics["igpo/scoring_step_share"] = metrics["timing_s/igpo_scoring"] / timing_raw["step"]
@@ -267,6 +287,38 @@ class IGPOTrainerSync(RunControl, CheckpointState, PPOTrainerSync):
         # Where verl placed the actor ranks (one Ray node id per rank): a multi-node run shows one rank per node.
         nodes = [r["node_id"] for r in sorted(self.actor_rollout_wg.igpo_worker_report(False), key=lambda r: r["rank"])]
         logger.warning("igpo: actor ranks on Ray nodes %s (%d distinct)", json.dumps(nodes), len(set(nodes)))
+
+
+@register_trainer("igpo_sync")
+class IGPOTrainerSync(TurnLevelTrainer, PPOTrainerSync):
+    """verl's synchronous v1 trainer with turn-level methods (IGPO, InfoPO, ...) in one advantage pipeline."""
+
+
+@register_trainer("igpo_colocate_async")
+class IGPOTrainerColocateAsync(TurnLevelTrainer, PPOTrainerColocateAsync):
+    """verl's asynchronous colocated v1 trainer (warm-up batches in flight, generation paused for each update and
+    resumed on the new weights) with the same pipeline: ``trainer.v1.trainer_mode=igpo_colocate_async``, configured by
+    verl's own ``trainer.v1.colocate_async`` section."""
+
+
+@register_trainer("igpo_separate_async")
+class IGPOTrainerSeparateAsync(TurnLevelTrainer, PPOTrainerSeparateAsync):
+    """verl's asynchronous v1 trainer with a standalone rollout (its own devices, generating while the trainer
+    trains; the weights move through a checkpoint engine after each update, and generation in flight is paused and
+    resumed on them) with the same pipeline: ``trainer.v1.trainer_mode=igpo_separate_async``, configured by verl's own
+    ``trainer.v1.separate_async`` section. On the CPU the launch plan gives the rollout a pool of its own and the
+    ``ray_object_store`` checkpoint engine (igpo/cpu/checkpoint_engine.py)."""
+
+    def _init_resource_pool_mgr(self):
+        """verl's layout, with the actor roles served by a class that has both our scoring methods and the weight
+        save/restore verl's separate mode needs (``IGPODetachActorWorker``)."""
+        # Imported here for the reason TurnLevelTrainer._init_resource_pool_mgr gives (an import cycle through verl).
+        from igpo.integration.separate_worker import IGPODetachActorWorker
+
+        super()._init_resource_pool_mgr()
+        for role in list(self.role_worker_mapping):
+            if role.name.startswith("Actor"):
+                self.role_worker_mapping[role] = ray.remote(IGPODetachActorWorker)
 
 
 def _per_row(value):

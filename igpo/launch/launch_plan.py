@@ -7,7 +7,9 @@
    the LLM judge's endpoint, GPU-only options on the CPU backend, FSDP1 with actor-side scoring, rollout-side scoring
    outside the sync trainer or at a temperature vLLM's prompt log-probs do not apply, verl's rollout correction
    (which ``igpo_sync`` does not run);
-2. on GPUs, derives the keys of the ``igpo_launch`` section into verl's:
+2. for verl's ``separate_async`` schedule (``igpo_separate_async``), the standalone rollout's pool, the checkpoint
+   engine and the weight-sync step: planned on the CPU, named as overrides on GPUs (``plan_separate_async``);
+3. on GPUs, derives the keys of the ``igpo_launch`` section into verl's:
    attention     flash_attention_2 + remove-padding when flash-attn imports, else sdpa without remove-padding and
                  sequence parallelism 1 (verl's Ulysses path patches only the flash-attention forward); under sdpa
                  one GPU holds a whole trajectory's logits, so the context is capped at what one GPU holds
@@ -18,7 +20,7 @@
                  and against one full tool turn (two turns and an observation must fit, or every trajectory becomes a
                  single forced answer);
    layout        rollout tensor parallelism divides the GPUs per node and the heads; GRPO groups of >= 2;
-3. returns a ``Plan`` whose ``line()`` is the dry run's last line.
+4. returns a ``Plan`` whose ``line()`` is the dry run's last line.
 
 Every refusal is a ``ConfigError`` naming the keys and the fix; ``igpo.main`` prints it as
 ``igpo: configuration error: ...`` and exits 2. verl's own ``validate_config`` runs after the plan.
@@ -88,8 +90,9 @@ class Plan:
 
     @property
     def scoring(self) -> str:
-        """Only IGPO teacher-forces the answer; the other estimators score nothing of it."""
-        if self.estimator in ("igpo", "grpo_info_gain"):
+        """IGPO and IG-Search teacher-force the answer (IG-Search also after a random document); the other estimators
+        score nothing of it (the oracle reads the world's truth instead)."""
+        if self.estimator in ("igpo", "grpo_info_gain", "ig_search"):
             return f"answer scoring on the {self.score_on}"
         return "no answer scoring"
 
@@ -114,10 +117,11 @@ def plan_launch(config: Any, env: Environment) -> Plan:
     from omegaconf import OmegaConf, open_dict
 
     check_inputs(config)
+    correction = plan_off_policy_correction(config)
     igpo = check_algorithm(config)
     arpo = check_arpo(config, igpo)
     on_cpu = str(config.trainer.get("device", "cuda")) == "cpu" or os.environ.get("VERL_PLATFORM", "").lower() == "cpu"
-    notes: list[str] = check_cpu_backend(config) if on_cpu else []
+    notes: list[str] = [*correction, *(check_cpu_backend(config) if on_cpu else [])]
     check_strategy(config, igpo.score_on)
 
     arr = config.actor_rollout_ref
@@ -160,6 +164,8 @@ def plan_launch(config: Any, env: Environment) -> Plan:
             f"{window - int(rollout.prompt_length)} or use a long-context checkpoint (e.g. Qwen3-4B-Thinking-2507, "
             "262144 tokens).")
     check_agent_fits(config, igpo, int(rollout.response_length))
+    if str((config.trainer.get("v1") or {}).get("trainer_mode", "")) in SEPARATE_ASYNC_MODES:
+        notes.extend(plan_separate_async(config, on_cpu, prompts, mini))
 
     if on_cpu:
         return Plan(gpus=0, nodes=nodes, rollout=str(rollout.name), tp=1, sp=1, context_tokens=context,
@@ -327,8 +333,9 @@ def check_algorithm(config: Any):
         if trainer_mode != "igpo_sync":
             raise ConfigError(
                 f"algorithm.igpo.score_on=rollout needs trainer.v1.trainer_mode=igpo_sync (got {trainer_mode!r}): "
-                "verl's asynchronous rollout client drops prompt_logprobs, so the information gain would be lost. "
-                "Use algorithm.igpo.score_on=actor.")
+                "verl's asynchronous rollout client drops prompt_logprobs, so the information gain would be lost, "
+                "and a resumed trajectory's boundaries would be scored by different weight versions. Use "
+                "algorithm.igpo.score_on=actor, which scores every boundary with the weights that train the step.")
         temperature = float(config.actor_rollout_ref.rollout.temperature)
         if temperature != 1.0:
             raise ConfigError(
@@ -336,7 +343,7 @@ def check_algorithm(config: Any):
                 "are of the untempered model, while the actor scores at the rollout temperature (as the reference "
                 "does). Use algorithm.igpo.score_on=actor (or temperature 1.0) so both sides score the same "
                 "distribution.")
-    if trainer_mode == "igpo_sync":
+    if trainer_mode in TURN_LEVEL_MODES.values():
         check_rollout_correction(config)
     return igpo
 
@@ -364,7 +371,8 @@ def check_arpo(config: Any, igpo: Any):
     trainer_mode = str((config.trainer.get("v1") or {}).get("trainer_mode", ""))
     if trainer_mode != "igpo_sync":
         raise ConfigError(f"algorithm.arpo.enabled=true needs trainer.v1.trainer_mode=igpo_sync (got {trainer_mode!r}):"
-                          " the branch metrics and hard attribution live there.")
+                          " the branch metrics and hard attribution live there, and branching under paused and "
+                          "resumed generation (the asynchronous modes) has not been checked.")
     agent = config.actor_rollout_ref.rollout.agent
     loop_name = str(agent.get("default_agent_loop"))
     if loop_name == "igpo_agent":
@@ -377,14 +385,55 @@ def check_arpo(config: Any, igpo: Any):
     return arpo
 
 
-# Estimators whose turn-level signal (information gain, InfoPO's counterfactual) exists only in the igpo_sync trainer
-# mode: verl's own modes would hand them outcome-only rewards, and the run would train GRPO under IGPO's name.
+# Estimators whose turn-level signal (information gain, InfoPO's counterfactual) exists only in our trainer modes:
+# verl's own modes would hand them outcome-only rewards, and the run would train GRPO under IGPO's name.
 TURN_LEVEL_ESTIMATORS = ("igpo", "grpo_info_gain", "infopo")
 
 
+# Our trainer modes (igpo.integration.trainer): verl's schedules with the turn-level pipeline; verl's own mode names
+# map to ours as below.
+TURN_LEVEL_MODES = {"sync": "igpo_sync", "colocate_async": "igpo_colocate_async",
+                    "separate_async": "igpo_separate_async"}
+
+
+ASYNC_MODES = ("igpo_colocate_async", "igpo_separate_async")
+
+
+def plan_off_policy_correction(config: Any) -> list[str]:
+    """In the asynchronous modes a step trains tokens that older weights sampled. Unless the run configures verl's
+    rollout correction itself, take the PPO ratio against the log-probabilities the rollout sampled with (verl's bypass
+    mode: ``rollout_correction.bypass_mode=true`` with ``policy_loss.loss_mode=bypass_mode``, the rollout returning its
+    log-probabilities): the clipped ratio then bounds the step from the policy that generated each token. Measured on
+    the CPU demo (2026-12-06): ``igpo_separate_async``, whose trajectories are all one version behind, lost the call
+    format and ended at validation F1 0.078 and 0.000 (seeds 1, 2) with the ratio against recomputed log-probs, and
+    0.906 at seed 1 with this. Returns notes."""
+    from omegaconf import open_dict
+
+    mode = str((config.trainer.get("v1") or {}).get("trainer_mode", ""))
+    correction = config.algorithm.get("rollout_correction") or {}
+    configured = correction.get("bypass_mode", False) or any(
+        correction.get(key) is not None for key in ("rollout_is", "rollout_rs"))
+    if mode not in ASYNC_MODES or configured:
+        return []
+    actor = config.actor_rollout_ref.actor
+    loss_mode = str(actor.policy_loss.get("loss_mode", "vanilla"))
+    if loss_mode != "vanilla":
+        return [f"{mode}: policy_loss.loss_mode={loss_mode} is kept, and nothing corrects for the tokens older weights "
+                "sampled (no algorithm.rollout_correction); on the CPU demo that lost the call format (docs/guide/"
+                "async.md)"]
+    with open_dict(config):
+        config.algorithm.rollout_correction.bypass_mode = True
+        actor.policy_loss.loss_mode = "bypass_mode"
+        config.actor_rollout_ref.rollout.calculate_log_probs = True
+    return [f"{mode}: the PPO ratio is taken against the rollout's own log-probabilities (verl's rollout correction "
+            "bypass mode), since a step trains tokens sampled by older weights; configure "
+            "algorithm.rollout_correction yourself to choose otherwise"]
+
+
 def check_trainer_mode(config: Any, estimator: str, trainer_mode: str) -> None:
-    """IGPO's information gain and InfoPO's counterfactual are computed in ``igpo_sync`` only: refuse every other
-    trainer (verl's ``sync``, ``colocate_async``, ``separate_async``, the legacy v0 trainer) rather than drop them."""
+    """Turn-level estimators (IGPO's information gain, InfoPO's counterfactual, GiGPO's step groups, any registered
+    method) are computed in our trainer modes only (``TURN_LEVEL_MODES``'s values): refuse verl's modes and the legacy
+    v0 trainer rather than let them train outcome-only rewards under the method's name."""
     from igpo.integration.methods import METHODS
 
     if estimator not in TURN_LEVEL_ESTIMATORS and estimator not in METHODS:
@@ -393,14 +442,18 @@ def check_trainer_mode(config: Any, estimator: str, trainer_mode: str) -> None:
         raise ConfigError(f"algorithm.adv_estimator={estimator} with trainer.use_v1=false: the legacy trainer never "
                           "computes the turn-level signal, so the estimator would see outcome-only rewards. Set "
                           "trainer.use_v1=true trainer.v1.trainer_mode=igpo_sync.")
-    if trainer_mode != "igpo_sync":
-        what = {"infopo": "the counterfactual pass and the turn records live",
-                "gigpo": "the turn records and the step groups live"}.get(estimator, "the information gain is computed")
-        raise ConfigError(f"algorithm.adv_estimator={estimator} needs trainer.v1.trainer_mode=igpo_sync (got "
-                          f"{trainer_mode!r}): {what} only there; in verl's {trainer_mode or 'default'} mode the "
-                          "estimator would see outcome-only rewards and train plain GRPO. Set "
-                          "trainer.v1.trainer_mode=igpo_sync (or algorithm.adv_estimator=grpo for the outcome-only "
-                          "baseline).")
+    if trainer_mode in TURN_LEVEL_MODES.values():
+        return
+    what = {"infopo": "the counterfactual pass and the turn records live",
+            "gigpo": "the turn records and the step groups live",
+            "oracle": "the turn records with the world's hops live"}.get(
+        estimator, "the turn records live and the information gain is computed")
+    ours = TURN_LEVEL_MODES.get(trainer_mode, "igpo_sync")
+    raise ConfigError(f"algorithm.adv_estimator={estimator} needs one of our trainer modes "
+                      f"{sorted(TURN_LEVEL_MODES.values())} (got {trainer_mode!r}): {what} only there; in verl's "
+                      f"{trainer_mode or 'default'} mode the estimator would see outcome-only rewards and train plain "
+                      f"GRPO. Set trainer.v1.trainer_mode={ours} (or algorithm.adv_estimator=grpo for the outcome-only "
+                      "baseline).")
 
 
 def check_cpu_backend(config: Any) -> list[str]:
@@ -424,11 +477,103 @@ def check_cpu_backend(config: Any) -> list[str]:
     problem = vllm_cpu.missing()
     if problem:
         raise ConfigError(f"actor_rollout_ref.rollout.name=vllm on the CPU: {problem}")
+    trainer_mode = str((config.trainer.get("v1") or {}).get("trainer_mode", ""))
+    if trainer_mode not in ("igpo_sync", "sync"):
+        # Measured on 2026-12-06: the first weight update after the rollout was paused (aborted and put to sleep)
+        # never returned on vllm-cpu; the run sat there until it was killed. The hf rollout pauses and resumes.
+        raise ConfigError(f"actor_rollout_ref.rollout.name=vllm with trainer.v1.trainer_mode={trainer_mode} on the CPU: "
+                          "vllm-cpu does not come back from the asynchronous modes' pause (the first weight update "
+                          "after it hangs). Use actor_rollout_ref.rollout.name=hf for an asynchronous run on the CPU, "
+                          "or trainer.v1.trainer_mode=igpo_sync with vllm.")
     with open_dict(config):
         for key, (value, _why) in vllm_cpu.ROLLOUT_KEYS.items():
             rollout[key] = value
     settings = ", ".join(f"rollout.{key}={value}" for key, (value, _why) in vllm_cpu.ROLLOUT_KEYS.items())
     return [f"verl's vLLM rollout on the CPU (vllm-cpu): {settings}"]
+
+
+# verl's separate_async schedule (PPOTrainerSeparateAsync) and what its constructor asserts. On the CPU the rollout
+# pool is fake "GPU"s like the trainer's, and the weights move through Ray's object store
+# (igpo/cpu/checkpoint_engine.py) since verl's engines (nccl, nixl, mooncake, ...) need GPUs.
+SEPARATE_ASYNC_MODES = ("separate_async", "igpo_separate_async")
+CPU_CHECKPOINT_ENGINE = "ray_object_store"
+CPU_CHECKPOINT_MODULE = "igpo.cpu.checkpoint_engine"
+
+
+def plan_separate_async(config: Any, on_cpu: bool, prompts: int, mini: int) -> list[str]:
+    """Lay out verl's ``separate_async`` schedule, or refuse what its trainer would assert deep inside Ray: a
+    standalone rollout pool (``rollout.nnodes`` x ``rollout.n_gpus_per_node`` > 0), a checkpoint engine other than
+    ``naive``, and ``data.train_batch_size == separate_async.parameter_sync_step x actor.ppo_mini_batch_size``.
+
+    On the CPU each missing piece is planned: one node of the rollout pool, the ``ray_object_store`` engine, the
+    sync step that makes the batch sizes agree, and Ray's fake "GPU" count covering both pools. On GPUs the plan
+    names the overrides. Returns notes."""
+    from omegaconf import open_dict
+
+    rollout = config.actor_rollout_ref.rollout
+    engine = rollout.checkpoint_engine
+    section = config.trainer.v1.separate_async
+    sync_step = int(section.parameter_sync_step)
+    needed_sync_step = prompts // mini  # plan_launch has checked that mini divides prompts
+    if not on_cpu:
+        missing = []
+        if int(rollout.nnodes) < 1 or int(rollout.n_gpus_per_node) < 1:
+            missing.append("actor_rollout_ref.rollout.nnodes=<nodes> actor_rollout_ref.rollout.n_gpus_per_node=<GPUs> "
+                           "(the standalone rollout's own GPUs, beside trainer.nnodes x trainer.n_gpus_per_node)")
+        if str(engine.backend) == "naive":
+            missing.append("actor_rollout_ref.rollout.checkpoint_engine.backend=nccl (or nixl, mooncake: the naive "
+                           "engine only reaches a rollout on the trainer's own GPUs)")
+        if sync_step * mini != prompts:
+            missing.append(f"trainer.v1.separate_async.parameter_sync_step={needed_sync_step} (verl needs "
+                           f"data.train_batch_size={prompts} = parameter_sync_step x actor.ppo_mini_batch_size={mini}; "
+                           f"it is {sync_step})")
+        if missing:
+            raise ConfigError("trainer.v1.separate_async generates on a rollout with GPUs of its own and moves the "
+                              "weights to it through a checkpoint engine; set " + "; ".join(missing) + ".")
+        return _scoring_within_a_sync(config, sync_step)
+
+    backend = str(engine.backend)
+    if backend not in ("naive", CPU_CHECKPOINT_ENGINE):
+        raise ConfigError(f"actor_rollout_ref.rollout.checkpoint_engine.backend={backend} needs GPUs; on the CPU "
+                          f"use {CPU_CHECKPOINT_ENGINE} (the plan's default for separate_async).")
+    notes = []
+    with open_dict(config):
+        if int(rollout.nnodes) < 1:
+            rollout.nnodes = 1
+        if int(rollout.n_gpus_per_node) < 1:
+            rollout.n_gpus_per_node = 1
+        engine.backend = CPU_CHECKPOINT_ENGINE
+        engine.custom_backend_module = CPU_CHECKPOINT_MODULE  # verl imports it where it builds an engine
+        if sync_step * mini != prompts:
+            section.parameter_sync_step = needed_sync_step
+            notes.append(f"separate_async: parameter_sync_step={needed_sync_step} (was {sync_step}): verl needs "
+                         f"data.train_batch_size={prompts} = parameter_sync_step x "
+                         f"actor.ppo_mini_batch_size={mini}")
+        rollout_devices = int(rollout.nnodes) * int(rollout.n_gpus_per_node)
+        devices = int(config.trainer.nnodes) * int(config.trainer.n_gpus_per_node) + rollout_devices
+        ray_init = (config.get("ray_kwargs") or {}).get("ray_init")
+        if ray_init is not None and ray_init.get("num_gpus") is not None:
+            # The fake "GPU"s of the CPU backend: the trainer's pool and the rollout's each take theirs.
+            ray_init.num_gpus = max(int(ray_init.num_gpus), devices)
+        else:
+            notes.append(f"separate_async: the Ray cluster must offer {devices} \"GPU\" resources (the trainer's and "
+                         f"the rollout's {rollout_devices}); on the CPU start each node with 'ray start --num-gpus=N'")
+    notes.insert(0, f"separate_async on the CPU: a standalone {rollout.name} rollout on {rollout_devices} CPU "
+                    f"\"GPU\" of its own, weights through Ray's object store ({CPU_CHECKPOINT_ENGINE}) after every "
+                    f"{int(section.parameter_sync_step)} update(s)")
+    return notes + _scoring_within_a_sync(config, int(section.parameter_sync_step))
+
+
+def _scoring_within_a_sync(config: Any, sync_step: int) -> list[str]:
+    """With several updates per weight sync verl computes every mini-batch's old log-probs with the sync's weights
+    (restored from a copy), but our pipeline scores answer probes and counterfactuals at the advantage, with the
+    weights the mini-batch is about to train: the k-th mini-batch's turn signal comes from weights k updates on."""
+    estimator = str(config.algorithm.adv_estimator)
+    if sync_step <= 1 or estimator not in TURN_LEVEL_ESTIMATORS:
+        return []
+    return [f"separate_async: parameter_sync_step={sync_step}: the turn-level signal of the k-th mini-batch of a "
+            f"weight sync is scored by the weights after its k earlier updates (verl's old log-probs use the sync's "
+            f"weights); parameter_sync_step=1 (train_batch_size = ppo_mini_batch_size) scores all with one model"]
 
 
 def check_strategy(config: Any, score_on: str) -> None:

@@ -6,7 +6,8 @@ method's, tests/e2e/test_e2e_methods.py.
 The same run trains GiGPO with verl-agent's search preset (``gigpo_preset=verl_agent_search``: similarity step groups at
 0.9, mean_std_norm, penalty 0.01, gamma 0.95) for its one step through verl's real trainer on the demo's agent loop
 and tools, reading anchor states from the rollout's observation tokens, logs the step-group metrics with the rows that
-joined by similarity, and writes the trajectory log, from which the applied advantages are recomputed."""
+joined by similarity, and writes the trajectory log, from which the applied advantages are recomputed. It runs in the
+asynchronous trainer mode (igpo_colocate_async), so the budget's clean stop also holds with a warm-up batch in flight."""
 
 import os
 import re
@@ -27,7 +28,8 @@ def test_gigpo_trains_until_a_budget_of_one_search_ends_the_run_cleanly_with_a_c
     env.pop("TOOL_SERVER_URL", None)
     rc, out = run_guarded(["bash", "train_igpo.sh", *NO_VALIDATION, "trainer.total_training_steps=3",
                            "tools.price_per_1k.local=2.0", "gigpo_preset=verl_agent_search",
-                           f"trainer.trajectory_dir={tmp_path / 'trajectories'}"], env, timeout=420)
+                           f"trainer.trajectory_dir={tmp_path / 'trajectories'}",
+                           "trainer.v1.trainer_mode=igpo_colocate_async"], env, timeout=420)
     assert rc == 0, out[-4000:]
     # Stopped after step 1 of 3, saying why and what to do.
     assert re.search(r"igpo: tool budget spent \(local: 1 of a budget of 1 upstream calls\): stopping cleanly after "

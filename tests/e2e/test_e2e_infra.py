@@ -59,10 +59,13 @@ def test_infopo_behind_a_retriever_failing_5_percent_completes_showing_the_maske
     """(c), trained with adv_estimator=infopo: one run serves the infra path and InfoPO's (the actor scores each
     observation's counterfactual, the factual term comes from old_log_probs, the infopo/* metrics are logged with no
     failed turn), and InfoPO meets trajectories the infra policy masked. In verl's GPU precision (fp32 master
-    weights, bf16 compute), the one trainer run of the tests in it: the actor's scoring and update under bf16."""
+    weights, bf16 compute), the one trainer run of the tests in it: the actor's scoring and update under bf16. In the
+    asynchronous trainer mode (igpo_colocate_async: a warm-up batch in flight, generation paused for each update and
+    resumed on the new weights), the suite's run of that mode: each step logs verl's off-policy figures and the share
+    of trajectories resumed on new weights, and the trajectory log records the weight versions of every turn."""
     rc, out, faults = _run_behind(tmp_path, 0.05, ["trainer.total_training_steps=2", "algorithm.adv_estimator=infopo",
                                                    f"trainer.trajectory_dir={tmp_path / 'trajectories'}",
-                                                   *GPU_PRECISION])
+                                                   "trainer.v1.trainer_mode=igpo_colocate_async", *GPU_PRECISION])
     assert rc == 0, out[-4000:]
     assert "igpo: step:2/2" in out and "infra breaker" not in out, out[-3000:]
     steps = [s for s in out.splitlines() if re.match(r"igpo: step:\d", s)]
@@ -70,7 +73,11 @@ def test_infopo_behind_a_retriever_failing_5_percent_completes_showing_the_maske
     assert faults.failing >= 1 and sum(masked) >= 1, (steps, faults.distinct, faults.failing)
 
     log = (tmp_path / "run" / "train.log").read_text()
-    assert "InfoPO counterfactual information gain" in log and "reuses the actor's old_log_probs" in log, out[-3000:]
+    # The asynchronous mode takes the PPO ratio against the rollout's log-probs (the launcher's default there), so
+    # old_log_probs are the rollout engine's and InfoPO scores its factual term beside the counterfactual.
+    assert "InfoPO counterfactual information gain" in log, out[-3000:]
+    assert "is recomputed beside the counterfactual: in rollout_correction bypass mode" in log, out[-3000:]
+    assert "the PPO ratio is taken against the rollout's own log-probabilities" in out, out[-3000:]
 
     def values(key):
         return [float(v) for v in re.findall(rf"infopo/{key}:([0-9.eE+-]+|nan)", log)]
@@ -90,3 +97,9 @@ def test_infopo_behind_a_retriever_failing_5_percent_completes_showing_the_maske
         if row["advantage"]:
             assert 0 < row["terms"]["gate"] <= 0.5 and row["terms"]["beta"] > 0
     assert sum(not row["advantage"] for row in rows) >= sum(masked)
+    # The asynchronous schedule: verl's staleness figures and our resumed share each step; every turn's versions.
+    assert len(re.findall(r"training/off_policy/trajectory_spans/max:", log)) == 2, log[-3000:]
+    shares = [float(v) for v in re.findall(r"igpo/partial_trajectory_share:([0-9.]+)", log)]
+    assert len(shares) == 2 and all(0 <= v <= 1 for v in shares), shares
+    versions = [v for row in rows for v in row["record"].turn_versions]
+    assert versions and all(v is not None and 0 <= v[0] <= v[1] <= 2 for v in versions), versions[:10]

@@ -65,6 +65,45 @@ def test_a_request_seed_fixes_its_tokens_whatever_shares_its_batch(tiny_model_di
     assert len({tuple(out.token_ids) for out in others}) > 1
 
 
+def test_the_server_pauses_for_a_weight_update_as_verls_async_modes_need(tiny_model_dir):
+    """abort_all_requests stops the batch being decoded and answers it with the tokens it has (stop_reason aborted,
+    one log-prob per token), returns only once no forward pass runs; a request behind the closed gate waits and is
+    served on the weights loaded meanwhile after resume_generation; with reject_request it is answered at once."""
+    from igpo.cpu.hf_rollout import HFRolloutServer
+
+    server = HFRolloutServer(str(tiny_model_dir), max_model_len=512, response_length=400, seed=0)
+    server.eos_ids = set()  # never stop early: only the abort or max_tokens ends a generation
+    prompt = [5, 17, 300, 42]
+
+    async def run():
+        long = asyncio.create_task(server.generate(prompt, {"max_tokens": 400, "seed": 3}, request_id="long"))
+        while server._idle.is_set():  # until its batch is decoding
+            await asyncio.sleep(0.005)
+        await asyncio.sleep(0.05)
+        report = await server.abort_all_requests()
+        assert server._idle.is_set(), "abort returned while a forward pass was running"
+        cut = await long
+        late = asyncio.create_task(server.generate(prompt, {"max_tokens": 3, "seed": 4}, request_id="late"))
+        await asyncio.sleep(0.2)
+        waiting = not late.done()
+        server.set_global_steps(7)  # as a weight update would
+        await server.resume_generation()
+        served = await late
+        await server.abort_all_requests(reject_request=True)
+        rejected = await server.generate(prompt, {"max_tokens": 3}, request_id="rejected")
+        await server.resume_generation()
+        after = await server.generate(prompt, {"max_tokens": 3}, request_id="after")
+        return report, cut, waiting, served, rejected, after
+
+    report, cut, waiting, served, rejected, after = asyncio.run(run())
+    assert cut.stop_reason == "aborted" and 0 < len(cut.token_ids) < 400, (cut.stop_reason, len(cut.token_ids))
+    assert len(cut.log_probs) == len(cut.token_ids) and report["aborted_count"] == 1
+    assert waiting and served.stop_reason == "length" and len(served.token_ids) == 3
+    assert served.extra_fields["global_steps"] == 7
+    assert rejected.stop_reason == "aborted" and rejected.token_ids == []
+    assert after.stop_reason == "length" and len(after.token_ids) == 3
+
+
 def test_inverse_cdf_sampling_follows_the_filtered_distribution():
     """_sample draws token k with its top-k/top-p-filtered probability (checked against the exact probabilities on
     20,000 uniform draws); temperature 0 is greedy."""

@@ -102,3 +102,69 @@ def test_gains_and_advantages_are_those_of_scoring_every_boundary(tiny_tokenizer
     assert torch.equal(actor.advantages, every.advantages) and torch.equal(actor.returns, every.returns)
     own = ("igpo/scoring_tokens", "igpo/scoring_skipped", "timing_s/igpo_scoring")
     assert {k: v for k, v in actor.metrics.items() if k not in own} == pytest.approx(every.metrics, nan_ok=True)
+
+
+class ModelScorer(RecordingScorer):
+    """``ActorScorer``'s interface over a real model in this process, scoring as the actor worker does
+    (``igpo.core.scoring.score_batch``): the weights the trainer holds at the advantage."""
+
+    def __init__(self, tokenizer, model):
+        super().__init__(tokenizer)
+        self.model = model
+
+    def score_answers(self, requests: list[dict]) -> dict[int, list]:
+        from igpo.core.ground_truth import Probe
+        from igpo.core.scoring import ScoreRequest, ScoringConfig, score_batch
+
+        self.requests += requests
+        batch = [ScoreRequest(torch.tensor(r["trajectory_ids"]), r["boundaries"],
+                              [Probe(p["token_ids"], tuple(p["span"])) for p in r["probes"]]) for r in requests]
+        with torch.no_grad():
+            return {i: scores.tolist() for i, scores in enumerate(score_batch(self.model, batch, ScoringConfig()))}
+
+
+def test_a_trajectory_spanning_two_weight_versions_gets_its_information_gain_from_the_training_weights(
+        tiny_tokenizer, tiny_model_dir):
+    """In an asynchronous trainer mode a trajectory's turns may come from two weight versions (its generation paused
+    for an update and resumed on the new weights). The declared rule (docs/guide/async.md): every boundary is scored
+    at the advantage by the actor's current weights, the ones that train the step. Row 0's first turn was generated
+    on version 1 and the rest on version 2; the rollout's own log-probs (what a rollout-side scorer would have kept)
+    mix the two versions. The answer log-probs and IG that train are those of the training weights alone, checked
+    against plain forwards of that model, and not those of version 1 or of the mix."""
+    from transformers import AutoModelForCausalLM
+
+    from golden_ig import reference_logprob
+    from igpo.core.ground_truth import answer_probes
+    from igpo.integration.methods.igpo import IGPOMethod
+
+    training = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    older = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for parameter in older.parameters():
+            parameter.add_(0.05 * torch.randn(parameter.shape, generator=generator))
+    extras, prompts, responses, mask, scores = batch()
+    method = harness.igpo_method(score_on="actor")
+    assert isinstance(method, IGPOMethod)
+    template = method.igpo.scoring.answer_template("<|im_end|>")
+    probe = answer_probes(tiny_tokenizer, "Paris", template, "first")[0]
+    trajectory = torch.cat([prompts[0], responses[0]]).tolist()
+    boundaries = extras[0]["igpo_boundaries"]
+
+    def values(model):
+        with torch.no_grad():
+            return [reference_logprob(model, trajectory[:b], probe.token_ids, probe.span) for b in boundaries]
+
+    new, old = values(training), values(older)
+    extras[0]["igpo_turn_versions"] = [[1, 1], [1, 2], [2, 2]]
+    extras[0]["igpo_answer_logprobs"] = [[old[0]], [new[1]], [new[2]]]  # what the rollout saw, turn by turn
+    fields = {"prompts": prompts, "responses": responses, "reward_model": [{"ground_truth": "Paris"} for _ in ROWS]}
+    out = harness.advantage_step(method, harness.records(extras), UIDS, mask, scores,
+                                 scorer=ModelScorer(tiny_tokenizer, training), fields=fields,
+                                 infra_failure=harness.default_policy(method), step=1, total_steps=10)
+    assert out.turns.records[0].turn_versions == [[1, 1], [1, 2], [2, 2]]
+    scored = out.terms["answer_logprob"][0, :3].tolist()
+    assert scored == pytest.approx(new, abs=1e-4)
+    gains = out.terms["information_gain"][0, :2].tolist()
+    assert gains == pytest.approx([new[1] - new[0], new[2] - new[1]], abs=1e-4)
+    assert abs(gains[0] - (new[1] - old[0])) > 1e-2 and abs(gains[0] - (old[1] - old[0])) > 1e-2

@@ -43,3 +43,24 @@ def test_relative_checkpoint_dir_resolves_against_the_working_directory(tmp_path
     monkeypatch.setattr(_Verl, "_load_checkpoint", lambda self: setattr(self, "global_steps", 1))
     trainer._load_checkpoint()
     assert trainer.warmup.ema == pytest.approx(0.3)
+
+
+def test_what_a_checkpoints_rollout_holds_is_counted_by_group_status():
+    """The resume line's figures (igpo.integration.checkpoint.rollout_in_checkpoint), from TransferQueue's keys and
+    tags as verl writes them: a finished group's trajectories are restored, a running group's are dropped (verl
+    generates the group again), a pending group has none yet, and trajectories whose group has no prompt entry (the
+    checkpoint's own step trained them) count nowhere."""
+    from igpo.integration.checkpoint import rollout_in_checkpoint
+
+    listed = {
+        "s1p0": {"is_prompt": True, "status": "finished"}, "s1p0_0_0": {"status": "success"},
+        "s1p0_1_0": {"status": "success"},
+        "s1p1": {"is_prompt": True, "status": "failure"}, "s1p1_0_0": {"status": "success"},
+        "s1p2": {"is_prompt": True, "status": "running"}, "s1p2_0_0": {"status": "success"},
+        "s1p3": {"is_prompt": True, "status": "pending"},
+        "s0p9_0_0": {"status": "success"}, "s0p9_1_0": {"status": "success"},
+    }
+    assert rollout_in_checkpoint(listed) == {"finished_groups": 2, "finished_trajectories": 3, "inflight_groups": 2,
+                                             "partial_trajectories": 1}
+    assert rollout_in_checkpoint({}) == {"finished_groups": 0, "finished_trajectories": 0, "inflight_groups": 0,
+                                         "partial_trajectories": 0}

