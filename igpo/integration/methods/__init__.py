@@ -30,7 +30,9 @@ __all__ = ["METHODS", "Method", "MethodResult", "StepBatch", "register_method", 
 
 # The modules that register the shipped methods, imported on first lookup.
 BUILTIN = ("igpo.integration.methods.igpo", "igpo.integration.methods.infopo",
-           "igpo.integration.methods.gigpo")
+           "igpo.integration.methods.gigpo",
+           "igpo.integration.methods.oracle",
+           "igpo.integration.methods.ig_search")
 
 
 def load_methods(config: Any) -> None:
