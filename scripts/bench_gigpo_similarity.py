@@ -44,7 +44,6 @@ import json
 import random
 import statistics
 import sys
-import time
 from collections import Counter
 from difflib import SequenceMatcher
 from pathlib import Path
@@ -56,7 +55,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from benchmark_report import Rounds, check_rounds, machine_line  # noqa: E402
+from benchmark_report import Rounds, check_rounds, machine_line, timed  # noqa: E402
 
 from igpo.core import anchor_similarity  # noqa: E402
 from igpo.core.anchor_similarity import similarity_clusters, similarity_clusters_reference  # noqa: E402
@@ -153,13 +152,6 @@ def fast_difflib_calls(texts: list[str], groups: list[int], threshold: float) ->
     finally:
         anchor_similarity.SequenceMatcher = SequenceMatcher
     return calls
-
-
-def timed(fn):
-    """(result, wall seconds, CPU seconds of this process): the CPU time does not count waiting for other load."""
-    wall, cpu = time.perf_counter(), time.process_time()
-    out = fn()
-    return out, time.perf_counter() - wall, time.process_time() - cpu
 
 
 def main() -> int:

@@ -40,14 +40,13 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmark_report import Rounds, check_rounds, machine_line  # noqa: E402
+from benchmark_report import Rounds, check_rounds, machine_line, timed  # noqa: E402
 
 from igpo.core.ground_truth import Probe  # noqa: E402
 from igpo.core.infopo import ContinuationRequest, counterfactual_sequence, observation_content_span  # noqa: E402
@@ -138,13 +137,6 @@ def naive(model, ids, turns) -> tuple[torch.Tensor, torch.Tensor]:
         logratio.append(float(lf.gather(-1, target).mean()) - float(lc.gather(-1, target).mean()))
         kl.append(float((lf.exp() * (lf - lc)).sum(-1).mean()))
     return torch.tensor(logratio, dtype=torch.float64), torch.tensor(kl, dtype=torch.float64)
-
-
-def timed(fn):
-    """(result, wall seconds, CPU seconds of this process: all its threads, not the other processes' load)."""
-    wall, cpu = time.perf_counter(), time.process_time()
-    out = fn()
-    return out, time.perf_counter() - wall, time.process_time() - cpu
 
 
 def main() -> int:
