@@ -71,6 +71,10 @@ METHODS: dict[str, list[str]] = {
     # (docs/methods/igpo.md, the normalisation order).
     "igpo_telescoped": ["algorithm.adv_estimator=igpo", "algorithm.igpo.norm_order=after_discount",
                         "algorithm.gamma=1.0"],
+    # The positive control: the demo world's hops as turn reward in IGPO's pipeline (docs/methods/oracle.md).
+    "oracle": ["algorithm.adv_estimator=oracle"],
+    # Information gain against a random document in the result's place (docs/methods/ig_search.md).
+    "ig_search": ["algorithm.adv_estimator=ig_search"],
 }
 PRIMARY = "outcome/success_share"
 STEP_LINE = re.compile(r"step:(\d+) - (.*)")
