@@ -27,11 +27,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
+
+from igpo.core.sections import section_values
 
 MODES = ("mean_norm", "mean_std_norm")
 ANCHORS = ("last_observation", "observation_history")
@@ -93,20 +95,7 @@ class GiGPOConfig:
     @classmethod
     def from_dict(cls, section: Mapping[str, Any], gamma: float | None = None) -> "GiGPOConfig":
         """From the ``algorithm.gigpo`` mapping (unknown keys raise with the known ones) and ``algorithm.gamma``."""
-        own = [f.name for f in fields(cls) if f.name != "gamma"]
-        unknown = sorted(set(section) - set(own))
-        if unknown:
-            raise ValueError(f"unknown key(s) algorithm.gigpo.{unknown}: check the spelling; known keys are {own} "
-                             "(see configs/igpo_base.yaml).")
-        values = {}
-        for name, value in section.items():
-            if value is None:
-                continue
-            default = getattr(cls, name)
-            # YAML and the command line give 1 where 1.0 is meant.
-            if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
-                value = float(value)
-            values[name] = value
+        values = section_values(cls, section, "gigpo", exclude=("gamma",))
         if gamma is not None:
             values["gamma"] = float(gamma)
         return cls(**values)

@@ -16,12 +16,13 @@ results of the same tool, in the same format and length range, about another que
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 import torch
 
 from igpo.core.ground_truth import Probe
+from igpo.core.sections import section_values
 
 
 @dataclass(frozen=True)
@@ -42,12 +43,7 @@ class IGSearchConfig:
     @classmethod
     def from_dict(cls, section: Mapping[str, Any]) -> "IGSearchConfig":
         """From the ``algorithm.ig_search`` mapping; unknown keys raise with the known ones, None keeps a default."""
-        known = [f.name for f in fields(cls)]
-        unknown = sorted(set(section) - set(known))
-        if unknown:
-            raise ValueError(f"unknown key(s) algorithm.ig_search.{unknown}: check the spelling; known keys are "
-                             f"{known} (see configs/igpo_base.yaml).")
-        return cls(**{name: value for name, value in section.items() if value is not None})
+        return cls(**section_values(cls, section, "ig_search"))
 
 
 def draw_documents(wanted: Sequence[tuple[int, Hashable]], donors: Sequence[int], seed: int,

@@ -18,11 +18,13 @@ and the caller gives it no turn reward.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 import torch
 from torch import Tensor
+
+from igpo.core.sections import section_values
 
 
 @dataclass(frozen=True)
@@ -46,15 +48,7 @@ class OracleConfig:
     @classmethod
     def from_dict(cls, section: Mapping[str, Any]) -> "OracleConfig":
         """From the ``algorithm.oracle`` mapping; unknown keys raise with the known ones, None keeps a default."""
-        known = [f.name for f in fields(cls)]
-        unknown = sorted(set(section) - set(known))
-        if unknown:
-            raise ValueError(f"unknown key(s) algorithm.oracle.{unknown}: check the spelling; known keys are {known} "
-                             "(see configs/igpo_base.yaml).")
-        values = {name: value for name, value in section.items() if value is not None}
-        if isinstance(values.get("wrong_call_penalty"), int) and not isinstance(values["wrong_call_penalty"], bool):
-            values["wrong_call_penalty"] = float(values["wrong_call_penalty"])  # YAML and the command line give 1
-        return cls(**values)
+        return cls(**section_values(cls, section, "oracle"))
 
 
 def turn_truth(hop_right: Tensor, called: Tensor, wrong_call_penalty: float) -> Tensor:

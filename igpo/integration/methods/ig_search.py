@@ -22,7 +22,6 @@ from typing import Any
 import torch
 
 from igpo.agent.agent_config import plain_section
-from igpo.config import ConfigError
 from igpo.core.ground_truth import answer_probes
 from igpo.core.health import REACHED_STATUSES
 from igpo.core.ig_search import IGSearchConfig, draw_documents, paired_copies
@@ -43,15 +42,11 @@ class IGSearchMethod(IGPOMethod):
         super().__init__(config)
         self.ig_search = IGSearchConfig.from_dict(plain_section(config.algorithm.get("ig_search", None)))
         # Settings of IGPO's answer scoring that IG-Search cannot honour: refused, not ignored.
-        if self.igpo.score_on == "rollout" or self.igpo.verify_scoring:
-            raise ConfigError("algorithm.adv_estimator=ig_search with algorithm.igpo.score_on=rollout or "
-                              "verify_scoring=true: both copies of a turn must be scored in the actor's one paired "
-                              "pass (the rollout's boundary scores are not read); set algorithm.igpo.score_on=actor "
-                              "and verify_scoring=false (the defaults).")
-        if self.igpo.info_gain.info_gain_type != "log_prob_diff":
-            raise ConfigError(f"algorithm.adv_estimator=ig_search with algorithm.igpo.info_gain_type="
-                              f"{self.igpo.info_gain.info_gain_type}: IG-Search's gain is a difference of answer "
-                              "log-probabilities; remove the key (log_prob_diff is the default).")
+        self.refuse_rollout_scoring_and_prob_diff(
+            "both copies of a turn must be scored in the actor's one paired pass (the rollout's boundary scores are "
+            "not read); set algorithm.igpo.score_on=actor and verify_scoring=false (the defaults).",
+            "IG-Search's gain is a difference of answer log-probabilities; remove the key (log_prob_diff is the "
+            "default).")
         self.fields = ("prompts", "responses", "reward_model")
 
     def turn_gains(self, batch: StepBatch, scorer: Any, metrics: dict) -> TurnGains:

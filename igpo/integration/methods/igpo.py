@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from igpo.config import IGPOConfig
+from igpo.config import ConfigError, IGPOConfig
 from igpo.core.advantage import WarmupGate, advantage_at_boundaries, curriculum_weights, last_response_token
 from igpo.core.arpo import shared_turn_weights
 from igpo.core.ground_truth import answer_probes
@@ -144,6 +144,17 @@ class IGPOMethod(Method):
         if cfg.curriculum.enabled:
             metrics["curriculum/f1_weight"], metrics["curriculum/ig_weight"] = w_outcome, w_ig
         return MethodResult(advantages, returns, metrics, turn_values=ig[ig_turn_mask], terms=terms)
+
+    def refuse_rollout_scoring_and_prob_diff(self, scoring_why: str, type_why: str) -> None:
+        """For a subclass whose gains come from elsewhere than the rollout's answer scores and are differences of
+        log-values: refuse ``score_on=rollout`` / ``verify_scoring`` and an ``info_gain_type`` other than
+        ``log_prob_diff``, each with the subclass's reason, rather than ignore them."""
+        estimator = f"algorithm.adv_estimator={self.name}"
+        if self.igpo.score_on == "rollout" or self.igpo.verify_scoring:
+            raise ConfigError(f"{estimator} with algorithm.igpo.score_on=rollout or verify_scoring=true: {scoring_why}")
+        if self.igpo.info_gain.info_gain_type != "log_prob_diff":
+            raise ConfigError(f"{estimator} with algorithm.igpo.info_gain_type={self.igpo.info_gain.info_gain_type}: "
+                              f"{type_why}")
 
     def turn_gains(self, batch: StepBatch, scorer: Any, metrics: dict) -> TurnGains:
         """IG_j of every tool turn from the answer log-probs at the scored boundaries: the rollout's

@@ -20,7 +20,6 @@ from typing import Any
 import torch
 
 from igpo.agent.agent_config import plain_section
-from igpo.config import ConfigError
 from igpo.core.info_gain import turn_information_gain
 from igpo.core.oracle import OracleConfig, hop_potential, turn_truth
 from igpo.integration.methods.base import StepBatch, register_method
@@ -37,16 +36,11 @@ class OracleMethod(IGPOMethod):
         super().__init__(config)
         self.oracle = OracleConfig.from_dict(plain_section(config.algorithm.get("oracle", None)))
         # Settings of IGPO's answer scoring that the oracle cannot honour: refused, not ignored.
-        if self.igpo.score_on == "rollout" or self.igpo.verify_scoring:
-            raise ConfigError("algorithm.adv_estimator=oracle with algorithm.igpo.score_on=rollout or verify_scoring="
-                              "true: the rollout would score answer probes that the oracle never reads; set "
-                              "algorithm.igpo.score_on=actor and verify_scoring=false (the defaults; the oracle runs "
-                              "no scoring pass at all).")
-        if self.igpo.info_gain.info_gain_type != "log_prob_diff":
-            raise ConfigError(f"algorithm.adv_estimator=oracle with algorithm.igpo.info_gain_type="
-                              f"{self.igpo.info_gain.info_gain_type}: the oracle's turn reward is a difference of hop "
-                              "counts, not of probabilities; remove the key (log_prob_diff, the default, takes the "
-                              "difference as it is).")
+        self.refuse_rollout_scoring_and_prob_diff(
+            "the rollout would score answer probes that the oracle never reads; set algorithm.igpo.score_on=actor and "
+            "verify_scoring=false (the defaults; the oracle runs no scoring pass at all).",
+            "the oracle's turn reward is a difference of hop counts, not of probabilities; remove the key "
+            "(log_prob_diff, the default, takes the difference as it is).")
         self.fields = ()
 
     def turn_gains(self, batch: StepBatch, scorer: Any, metrics: dict) -> TurnGains:
