@@ -126,13 +126,18 @@ def validation_overrides(samples: int, temperature: float) -> list[str]:
             f"actor_rollout_ref.rollout.val_kwargs.do_sample={'true' if temperature > 0 else 'false'}"]
 
 
-def run_one(run: Run, steps: int, val_every: int, extra: list[str], timeout_s: float) -> None:
+def run_one(run: Run, steps: int, val_every: int, extra: list[str], timeout_s: float, val_before: bool = True,
+            trajectories: bool = False) -> None:
+    """One ``train_igpo.sh`` run into ``run.directory``. ``val_before``: validate before step 1; ``trajectories``:
+    the trajectory log (``trainer.trajectory_dir``: every step's trajectories, per-turn records and the applied
+    advantages) into ``run.directory/trajectories``."""
     run.directory.mkdir(parents=True, exist_ok=True)
     overrides = METHODS[run.method] + [
-        f"trainer.total_training_steps={steps}", "trainer.val_before_train=true", f"trainer.test_freq={val_every}",
+        f"trainer.total_training_steps={steps}", f"trainer.val_before_train={'true' if val_before else 'false'}",
+        f"trainer.test_freq={val_every}",
         # One seed feeds every random source (configs/igpo_base.yaml): methods at the same seed share step 1.
         f"seed={run.seed}", "trainer.save_freq=-1",
-    ] + extra
+    ] + ([f"trainer.trajectory_dir={run.directory / 'trajectories'}"] if trajectories else []) + extra
     env = {**os.environ, "OUTPUT_DIR": str(run.directory), "IGPO_DEVICE": "cpu"}
     env.pop("TOOL_SERVER_URL", None)
     run.started, start = time.time(), time.monotonic()
@@ -540,6 +545,12 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=1, choices=(1, 2),
                         help="runs at a time: 2 overlaps one run's start-up and serial Python with the other's work "
                              "(each run's torch work is single-threaded on the CPU demo)")
+    parser.add_argument("--val-before", default="all", choices=("all", "baseline"),
+                        help="which runs validate before step 1: every run, or the baseline's only (before training "
+                             "every method at a seed has the same model and the same seeded samples, so the others "
+                             "would repeat it)")
+    parser.add_argument("--trajectories", action="store_true",
+                        help="keep every run's trajectory log (trainer.trajectory_dir) in its run directory")
     parser.add_argument("extra", nargs="*", help="Hydra overrides for every run, after --")
     args = parser.parse_args()
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
@@ -578,7 +589,8 @@ def main() -> None:
                 queue.append(run)
 
     def run_and_report(run: Run) -> None:
-        run_one(run, args.steps, args.val_every, args.extra, args.timeout)
+        run_one(run, args.steps, args.val_every, args.extra, args.timeout,
+                val_before=args.val_before == "all" or run.method == args.baseline, trajectories=args.trajectories)
         final = run.steps[args.steps].get("val-core/all/f1", math.nan)
         print(f"compare: {run.method} seed {run.seed}: {run.wall_s:.0f} s, final validation F1 {final:.3f}", flush=True)
 

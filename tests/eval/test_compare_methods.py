@@ -200,3 +200,22 @@ def test_sampled_validation_and_the_telescoped_igpo_row_are_overrides(monkeypatc
     with pytest.raises(SystemExit):
         compare.main()
     assert "--val-samples/--val-temperature: validation: 0 samples" in capsys.readouterr().err
+
+
+def test_a_runs_overrides_name_its_validation_before_training_and_its_own_trajectory_folder(tmp_path, monkeypatch):
+    calls = []
+
+    def fake_run(command, **kwargs):
+        calls.append(command)
+        (tmp_path / "oracle-s3" / "train.log").write_text("(TaskRunner pid=1) step:1 - critic/score/mean:0.5\n")
+        return argparse.Namespace(returncode=0, stdout="")
+
+    monkeypatch.setattr(compare.subprocess, "run", fake_run)
+    run = compare.Run("oracle", 3, tmp_path / "oracle-s3")
+    compare.run_one(run, 1, 1, ["demo.task=chain"], 60.0, val_before=False, trajectories=True)
+    overrides = calls[0][2:]
+    assert "trainer.val_before_train=false" in overrides and "seed=3" in overrides
+    assert f"trainer.trajectory_dir={tmp_path / 'oracle-s3' / 'trajectories'}" in overrides
+    assert overrides[-1] == "demo.task=chain"  # the caller's overrides come last and win
+    compare.run_one(run, 1, 1, [], 60.0)
+    assert "trainer.val_before_train=true" in calls[1] and not any("trajectory_dir" in c for c in calls[1])
