@@ -113,3 +113,31 @@ def mean_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[fl
         return mean, mean, mean
     half = t_quantile(1 - (1 - confidence) / 2, len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
     return mean, mean - half, mean + half
+
+
+def paired_t_p(method: Sequence[float], baseline: Sequence[float]) -> float:
+    """The two-sided p-value of the paired t test of mean(method - baseline) = 0 (1.0 when every difference is 0; 0.0
+    when they are all equal and not 0: no spread, nothing to test against)."""
+    if len(method) != len(baseline) or len(method) < 2:
+        raise ValueError(f"paired_t_p: {len(method)} method and {len(baseline)} baseline values; give at least 2 "
+                         "pairs, aligned by seed")
+    diffs = [m - b for m, b in zip(method, baseline)]
+    if not all(math.isfinite(d) for d in diffs):
+        raise ValueError(f"paired_t_p: a difference is not finite ({diffs}); a run lacks the metric")
+    n, mean, sd = len(diffs), statistics.fmean(diffs), statistics.stdev(diffs)
+    if sd == 0:
+        return 1.0 if mean == 0 else 0.0
+    t = abs(mean) / (sd / math.sqrt(n))
+    return max(0.0, min(1.0, 2 * (1 - t_cdf(t, n - 1))))
+
+
+def holm(p_values: dict[str, float]) -> dict[str, float]:
+    """Holm's step-down adjusted p-values over a family of tests (name -> raw p): sorted ascending, the k-th smallest
+    (k = 0..m-1) is multiplied by m - k, made non-decreasing along the order and capped at 1. A test is rejected at
+    family-wise level α exactly when its adjusted p-value is <= α."""
+    order = sorted(p_values, key=lambda name: p_values[name])
+    m, adjusted, running = len(order), {}, 0.0
+    for k, name in enumerate(order):
+        running = max(running, min(1.0, (m - k) * p_values[name]))
+        adjusted[name] = running
+    return adjusted

@@ -2,6 +2,7 @@
 the errors a comparison with missing or unpaired runs gets."""
 
 import math
+import statistics
 
 import pytest
 
@@ -50,3 +51,30 @@ def test_mean_interval():
     assert mean == 2.0 and (low, high) == pytest.approx((2.0 - 4.303 / math.sqrt(3), 2.0 + 4.303 / math.sqrt(3)),
                                                          abs=1e-3)
     assert mean_interval([0.5]) == (0.5, 0.5, 0.5)
+
+
+def test_the_paired_p_value_agrees_with_the_interval_and_the_t_table():
+    import random
+
+    from igpo.eval.paired import paired_t_p
+    # df = 4, t = 2.776: the two-sided 5% point of the printed table.
+    d = [1.0, -1.0, 1.0, -1.0, 0.0]
+    sd = statistics.stdev(d)
+    shift = 2.776445 * sd / math.sqrt(5)
+    assert paired_t_p([x + shift for x in d], [0.0] * 5) == pytest.approx(0.05, abs=1e-5)
+    rng = random.Random(3)
+    for _ in range(50):
+        m, b = [rng.gauss(0.1, 0.2) for _ in range(10)], [rng.gauss(0, 0.2) for _ in range(10)]
+        interval = paired_difference(m, b)
+        assert (paired_t_p(m, b) < 0.05) == (interval.t_low > 0 or interval.t_high < 0)
+    assert paired_t_p([1, 2], [1, 2]) == 1.0 and paired_t_p([2, 3], [1, 2]) == 0.0
+    with pytest.raises(ValueError, match="aligned by seed"):
+        paired_t_p([1.0], [1.0])
+
+
+def test_holm_adjusts_step_down_and_keeps_the_order():
+    from igpo.eval.paired import holm
+    adjusted = holm({"a": 0.01, "b": 0.04, "c": 0.03, "d": 0.005})
+    assert adjusted == pytest.approx({"a": 0.03, "b": 0.06, "c": 0.06, "d": 0.02})
+    assert holm({"x": 0.6, "y": 0.7}) == pytest.approx({"x": 1.0, "y": 1.0})
+    assert holm({"only": 0.02}) == {"only": 0.02}
