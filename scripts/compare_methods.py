@@ -71,6 +71,11 @@ METHODS: dict[str, list[str]] = {
     # (docs/methods/igpo.md, the normalisation order).
     "igpo_telescoped": ["algorithm.adv_estimator=igpo", "algorithm.igpo.norm_order=after_discount",
                         "algorithm.gamma=1.0"],
+    # IGPO whose baseline does not depend on how many turns follow (verl RFC #7244's bias): the discounted returns are
+    # z-scored once per turn index, nothing normalised is summed afterwards (docs/methods/igpo.md, "Normalising per
+    # turn index").
+    "igpo_turnnorm": ["algorithm.adv_estimator=igpo", "algorithm.igpo.norm_order=after_discount",
+                      "algorithm.igpo.norm_group=group_turn"],
     # The positive control: the demo world's hops as turn reward in IGPO's pipeline (docs/methods/oracle.md).
     "oracle": ["algorithm.adv_estimator=oracle"],
     # Information gain against a random document in the result's place (docs/methods/ig_search.md).
