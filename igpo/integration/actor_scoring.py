@@ -1,7 +1,8 @@
 """The actor's scoring passes, as the trainer hands them to a method: the IGPO answer probes
 (``IGPOActorRolloutRefWorker.igpo_score_answers``) and InfoPO's counterfactual continuations
 (``infopo_score_counterfactuals``), both with the packed scorer at the rollout's temperature, plus what a method needs
-to build their requests (tokenizer, the agent loop's chat frame, the policy's context window)."""
+to build their requests (tokenizer, the agent loop's chat frame, the policy's context window). The answer probes can
+also be scored on verl's reference policy (``score_reference_answers``: TIPS's frozen teacher)."""
 
 from __future__ import annotations
 
@@ -42,6 +43,11 @@ class ActorScorer:
     def score_answers(self, requests: list[dict]) -> dict[int, list]:
         """Per request index: [K boundaries][P probes] log-probabilities of the gold answer."""
         return self._gather(self.workers.igpo_score_answers(requests, self.scoring))
+
+    def score_reference_answers(self, requests: list[dict]) -> dict[int, list]:
+        """``score_answers`` on the reference policy's weights (the initial ones, never trained) instead of the
+        actor's (``IGPOActorRolloutRefWorker.tips_score_reference_answers``)."""
+        return self._gather(self.workers.tips_score_reference_answers(requests, self.scoring))
 
     def score_counterfactuals(self, requests: list[dict]) -> dict[int, list]:
         """Per request index: the scores of its continuations (factual and counterfactual copies)."""

@@ -10,6 +10,9 @@ shorter shares are padded with a one-token dummy request whose result is dropped
 
 ``infopo_score_counterfactuals`` does the same for InfoPO's counterfactual pass (paired continuations after each
 observation's content start, ``igpo.core.scoring.score_continuations``), with the same sharding and padding.
+
+``tips_score_reference_answers`` scores the same requests as ``igpo_score_answers`` on verl's reference policy
+(``self.ref``, built in this worker when the KL loss is on): TIPS's frozen teacher (docs/methods/tips.md).
 """
 
 from __future__ import annotations
@@ -89,15 +92,13 @@ class IGPOActorRolloutRefWorker(ActorRolloutRefWorker):
         Each request: ``trajectory_ids`` (prompt + response ids, unpadded), ``boundaries`` (context lengths to score
         after), ``probes`` ([{token_ids, span}]); every request has at least one boundary and one probe.
         """
-        if not requests:
-            return {}
-        rank = dist.get_rank() if dist.is_initialized() else 0
-        world = dist.get_world_size() if dist.is_initialized() else 1
-        mine, padding = shard_requests(requests, rank, world)
-        batch = [_to_request(requests[i]) for i in mine] + [_to_request(_dummy_like(requests[0]))] * padding
-        with self._scoring_module() as module:
-            scores = score_batch(module, batch, ScoringConfig(**scoring))
-        return {index: scores[slot].tolist() for slot, index in enumerate(mine)}
+        return self._score_answer_share(self.actor.engine, requests, scoring)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def tips_score_reference_answers(self, requests: list[dict], scoring: dict) -> dict[int, list[list[float]]]:
+        """``igpo_score_answers`` on the reference policy's weights (TIPS's frozen teacher), same requests, sharding
+        and results."""
+        return self._score_answer_share(self._reference_engine(), requests, scoring)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def infopo_score_counterfactuals(self, requests: list[dict], scoring: dict) -> dict[int, list[float]]:
@@ -131,11 +132,36 @@ class IGPOActorRolloutRefWorker(ActorRolloutRefWorker):
             report["digest"] = digest.hexdigest()[:16]
         return report
 
+    def _score_answer_share(self, engine, requests: list[dict], scoring: dict) -> dict[int, list[list[float]]]:
+        """This rank's share of answer-scoring requests on ``engine``'s module, padded so every rank runs as many."""
+        if not requests:
+            return {}
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        mine, padding = shard_requests(requests, rank, world)
+        batch = [_to_request(requests[i]) for i in mine] + [_to_request(_dummy_like(requests[0]))] * padding
+        with self._scoring_module(engine) as module:
+            scores = score_batch(module, batch, ScoringConfig(**scoring))
+        return {index: scores[slot].tolist() for slot, index in enumerate(mine)}
+
+    def _reference_engine(self):
+        """The reference policy's engine (the initial weights, never trained), or an error saying why there is none:
+        verl builds ``self.ref`` in this worker only for the ``actor_rollout_ref`` role (the KL loss on, no LoRA, the
+        rollout in the same worker group)."""
+        if getattr(self, "ref", None) is None:
+            raise RuntimeError(
+                f"TIPS scores on the reference policy, but this worker (role {getattr(self, 'role', '?')!r}) holds "
+                "none: verl builds it here only with actor_rollout_ref.actor.use_kl_loss=true, without LoRA, and with "
+                "the rollout in the actor's worker group (trainer modes igpo_sync and igpo_colocate_async).")
+        return self.ref.engine
+
     @contextlib.contextmanager
-    def _scoring_module(self) -> Iterator[torch.nn.Module]:
-        """The actor's module with the training weights (θ_old), on the device, in eval mode, without autograd; the
-        parameters go back to the CPU afterwards when verl offloads them between phases."""
-        engine = self.actor.engine
+    def _scoring_module(self, engine=None) -> Iterator[torch.nn.Module]:
+        """``engine``'s module (default: the actor's, with the training weights θ_old), on the device, in eval mode,
+        without autograd; the parameters go back to the CPU afterwards when verl offloads them between phases. verl's
+        reference engine is forward-only and offloads through FSDP2's own CPU offload policy (its
+        ``is_param_offload_enabled`` is False), so nothing is moved for it here."""
+        engine = self.actor.engine if engine is None else engine
         offloaded = bool(getattr(engine, "is_param_offload_enabled", False))
         if offloaded:
             engine.to(get_device_name(), model=True, optimizer=False, grad=False)

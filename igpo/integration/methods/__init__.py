@@ -32,7 +32,8 @@ __all__ = ["METHODS", "Method", "MethodResult", "StepBatch", "register_method", 
 BUILTIN = ("igpo.integration.methods.igpo", "igpo.integration.methods.infopo",
            "igpo.integration.methods.gigpo",
            "igpo.integration.methods.oracle",
-           "igpo.integration.methods.ig_search")
+           "igpo.integration.methods.ig_search",
+           "igpo.integration.methods.tips")
 
 
 def load_methods(config: Any) -> None:

@@ -44,13 +44,16 @@ class TurnGains:
     """What ``IGPOMethod.turn_gains`` hands the rest of the pipeline: ``gain`` [B, T−1] float, the reward of tool turn
     j (0 where ``mask`` is False); ``mask`` [B, T−1] bool, the turns that carry a reward position (a gain of 0 is still
     one); ``stats``, logged as ``igpo/<name>``; ``terms``, per-boundary [B, T] values for the trajectory log (NaN where
-    none); ``skipped``, samples the actor could not score (counted in ``igpo/scoring_errors``)."""
+    none); ``skipped``, samples the actor could not score (counted in ``igpo/scoring_errors``); ``outcome_shift``
+    [B] float or None, added to each row's outcome reward while the warm-up gate is open (TIPS's terminal term; logged
+    as the term ``outcome_shift``)."""
 
     gain: torch.Tensor
     mask: torch.Tensor
     stats: dict[str, float] = field(default_factory=dict)
     terms: dict[str, torch.Tensor] = field(default_factory=dict)
     skipped: float = 0.0
+    outcome_shift: torch.Tensor | None = None
 
 
 @register_method("igpo", "grpo_info_gain")
@@ -109,6 +112,9 @@ class IGPOMethod(Method):
 
         # The reference replaces the outcome by the answer-format penalty when the final answer is malformed.
         outcome = torch.where(answer_penalty != 0, answer_penalty, outcome)
+        rewarded_outcome = outcome
+        if gains.outcome_shift is not None and gate_open:
+            rewarded_outcome = outcome + gains.outcome_shift.to(outcome.dtype)
         # Masked rows keep no reward position (no outcome, IG or penalty), masked turns no IG or penalty position.
         signal_turn = tool_turn & ~infra.rows[:, None] & ~infra.turns[:, :-1]
         ig_turn_mask = ig_turn_mask & signal_turn
@@ -117,8 +123,8 @@ class IGPOMethod(Method):
             ig, ig_turn_mask, tool_penalty = penalty_into_ig_pool(ig, ig_turn_mask, tool_penalty)
         last = torch.where(infra.rows, -1, last)
         weight = self._shared_turn_weights(batch, ig_turn_mask, metrics)
-        bounds = turn_boundaries(ig, ig_turn_mask, tool_penalty, turn_ends[:, :-1], outcome, last, infra.loss_mask,
-                                 weight=weight)
+        bounds = turn_boundaries(ig, ig_turn_mask, tool_penalty, turn_ends[:, :-1], rewarded_outcome, last,
+                                 infra.loss_mask, weight=weight)
 
         w_outcome, w_ig = curriculum_weights(batch.step, batch.total_steps, cfg.curriculum, ig_active=gate_open)
         # Empty turns (aborted generations) end on untrained tokens; their rewards still count (masked_turns_ok).
@@ -135,6 +141,9 @@ class IGPOMethod(Method):
                  "outcome": torch.where(infra.rows | ~has_tokens, nan, outcome.double()),
                  "outcome_weight": torch.full((B,), float(w_outcome), dtype=torch.float64),
                  "ig_weight": torch.full((B,), float(w_ig), dtype=torch.float64)}
+        if gains.outcome_shift is not None:
+            shift = gains.outcome_shift.double() if gate_open else torch.zeros(B, dtype=torch.float64)
+            terms["outcome_shift"] = torch.where(infra.rows | ~has_tokens, nan, shift)
         metrics.update(adv_metrics)
         metrics.update({f"igpo/{k}": v for k, v in ig_stats.items()})
         # Samples the actor could not score (bad probe, context window) are scoring errors too, whichever side scored.
@@ -197,10 +206,10 @@ class IGPOMethod(Method):
         metrics["igpo/shared_ig_turns"] = float((ig_turn_mask & (weight < 1)).sum())
         return torch.where(ig_turn_mask, weight, 1.0)
 
-    def _score_on_actor(self, batch: StepBatch, scorer: Any, scored: torch.Tensor,
-                        metrics: dict) -> tuple[torch.Tensor, float]:
+    def _score_on_actor(self, batch: StepBatch, scorer: Any, scored: torch.Tensor, metrics: dict,
+                        reference: bool = False) -> tuple[torch.Tensor, float]:
         """(answer log-probs per boundary [B, T], aliases reduced; samples not scored) from the actor's packed
-        scorer. A sample whose probe or context does not fit is not scored (a warning; it gets no IG). A sample with no
+        scorer, on the actor's weights or, with ``reference``, on verl's reference policy's (TIPS's teacher). A sample whose probe or context does not fit is not scored (a warning; it gets no IG). A sample with no
         scored tool turn is not sent at all (its boundaries stay NaN; nothing reads them) and is not counted."""
         started = time.perf_counter()
         prompts, responses = batch.fields["prompts"], batch.fields["responses"]
@@ -234,7 +243,7 @@ class IGPOMethod(Method):
         aliases = max([n_probes for _, _, n_probes in owners], default=1)
         out = torch.full((B, T, aliases), float("nan"), dtype=torch.float64)
         alias_ok = torch.zeros(B, aliases, dtype=torch.bool)
-        results = scorer.score_answers(requests)
+        results = scorer.score_reference_answers(requests) if reference else scorer.score_answers(requests)
         for r, (i, chosen, n_probes) in enumerate(owners):
             out[i, chosen, :n_probes] = torch.tensor(results[r], dtype=torch.float64)  # [K, P]
             alias_ok[i, :n_probes] = True
