@@ -49,6 +49,7 @@ import os
 import re
 import statistics
 import subprocess
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -131,23 +132,80 @@ def validation_overrides(samples: int, temperature: float) -> list[str]:
             f"actor_rollout_ref.rollout.val_kwargs.do_sample={'true' if temperature > 0 else 'false'}"]
 
 
+class PeakMemory:
+    """The peak resident memory of one run's process tree (the launcher, Ray and its workers, the tool server),
+    sampled every ``every_s`` seconds while the block runs: the sum of the processes' RSS, so pages two processes
+    share count twice (an upper bound). The run's root is this process's child whose environment names the run's
+    ``OUTPUT_DIR``, which tells two runs of ``--jobs 2`` apart."""
+
+    def __init__(self, directory: Path, every_s: float = 2.0):
+        self.directory, self.every_s, self.peak_bytes = str(directory), every_s, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def __enter__(self) -> "PeakMemory":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _root(self):
+        import psutil
+
+        for child in psutil.Process().children():
+            try:
+                if child.environ().get("OUTPUT_DIR") == self.directory:
+                    return child
+            except psutil.Error:
+                continue
+        return None
+
+    def _sample(self) -> None:
+        import psutil
+
+        root = None
+        while not self._stop.wait(self.every_s):
+            root = root if root is not None and root.is_running() else self._root()
+            if root is None:
+                continue
+            total = 0
+            try:
+                processes = [root, *root.children(recursive=True)]
+            except psutil.Error:
+                continue
+            for process in processes:
+                try:
+                    total += process.memory_info().rss
+                except psutil.Error:
+                    pass
+            self.peak_bytes = max(self.peak_bytes, total)
+
+
 def run_one(run: Run, steps: int, val_every: int, extra: list[str], timeout_s: float, val_before: bool = True,
-            trajectories: bool = False) -> None:
+            trajectories: bool = False, validation_dumps: bool = False) -> None:
     """One ``train_igpo.sh`` run into ``run.directory``. ``val_before``: validate before step 1; ``trajectories``:
     the trajectory log (``trainer.trajectory_dir``: every step's trajectories, per-turn records and the applied
-    advantages) into ``run.directory/trajectories``."""
+    advantages) into ``run.directory/trajectories``; ``validation_dumps``: verl's validation generations with their
+    scores per question (``trainer.validation_data_dir``) into ``run.directory/validation``. The run's peak memory
+    (``PeakMemory``) goes to ``peak_rss_mb.txt``."""
     run.directory.mkdir(parents=True, exist_ok=True)
     overrides = METHODS[run.method] + [
         f"trainer.total_training_steps={steps}", f"trainer.val_before_train={'true' if val_before else 'false'}",
         f"trainer.test_freq={val_every}",
         # One seed feeds every random source (configs/igpo_base.yaml): methods at the same seed share step 1.
         f"seed={run.seed}", "trainer.save_freq=-1",
-    ] + ([f"trainer.trajectory_dir={run.directory / 'trajectories'}"] if trajectories else []) + extra
+    ] + ([f"trainer.trajectory_dir={run.directory / 'trajectories'}"] if trajectories else []) + (
+        [f"trainer.validation_data_dir={run.directory / 'validation'}"] if validation_dumps else []) + extra
     env = {**os.environ, "OUTPUT_DIR": str(run.directory), "IGPO_DEVICE": "cpu"}
     env.pop("TOOL_SERVER_URL", None)
     run.started, start = time.time(), time.monotonic()
-    proc = subprocess.run(["bash", str(ROOT / "train_igpo.sh"), *overrides], cwd=ROOT, env=env, text=True,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout_s)
+    with PeakMemory(run.directory) as memory:
+        proc = subprocess.run(["bash", str(ROOT / "train_igpo.sh"), *overrides], cwd=ROOT, env=env, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout_s)
+    if memory.peak_bytes:
+        (run.directory / "peak_rss_mb.txt").write_text(f"{memory.peak_bytes / 2**20:.0f}\n")
     run.wall_s, run.ended = time.monotonic() - start, time.time()
     (run.directory / "console.log").write_text(proc.stdout)
     if proc.returncode != 0:
@@ -556,6 +614,9 @@ def main() -> None:
                              "would repeat it)")
     parser.add_argument("--trajectories", action="store_true",
                         help="keep every run's trajectory log (trainer.trajectory_dir) in its run directory")
+    parser.add_argument("--validation-dumps", action="store_true",
+                        help="keep verl's validation generations with their per-question scores "
+                             "(trainer.validation_data_dir) in every run's directory")
     parser.add_argument("extra", nargs="*", help="Hydra overrides for every run, after --")
     args = parser.parse_args()
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
@@ -595,7 +656,8 @@ def main() -> None:
 
     def run_and_report(run: Run) -> None:
         run_one(run, args.steps, args.val_every, args.extra, args.timeout,
-                val_before=args.val_before == "all" or run.method == args.baseline, trajectories=args.trajectories)
+                val_before=args.val_before == "all" or run.method == args.baseline, trajectories=args.trajectories,
+                validation_dumps=args.validation_dumps)
         final = run.steps[args.steps].get("val-core/all/f1", math.nan)
         print(f"compare: {run.method} seed {run.seed}: {run.wall_s:.0f} s, final validation F1 {final:.3f}", flush=True)
 

@@ -217,5 +217,23 @@ def test_a_runs_overrides_name_its_validation_before_training_and_its_own_trajec
     assert "trainer.val_before_train=false" in overrides and "seed=3" in overrides
     assert f"trainer.trajectory_dir={tmp_path / 'oracle-s3' / 'trajectories'}" in overrides
     assert overrides[-1] == "demo.task=chain"  # the caller's overrides come last and win
-    compare.run_one(run, 1, 1, [], 60.0)
+    compare.run_one(run, 1, 1, [], 60.0, validation_dumps=True)
     assert "trainer.val_before_train=true" in calls[1] and not any("trajectory_dir" in c for c in calls[1])
+    assert f"trainer.validation_data_dir={tmp_path / 'oracle-s3' / 'validation'}" in calls[1]
+
+
+def test_peak_memory_follows_the_runs_own_process_tree_only(tmp_path):
+    import os
+    import subprocess
+
+    hog = "import time; b = bytearray(150 * 2**20); time.sleep(0.8)"
+    small = "import time; time.sleep(0.8)"
+    mine = tmp_path / "mine"
+    with compare.PeakMemory(mine, every_s=0.05) as memory:
+        other = subprocess.Popen([sys.executable, "-c", hog], env={**os.environ, "OUTPUT_DIR": str(tmp_path / "x")})
+        subprocess.run(["bash", "-c", f"{sys.executable} -c '{small}'"], env={**os.environ, "OUTPUT_DIR": str(mine)})
+        other.wait()
+    assert 0 < memory.peak_bytes < 120 * 2**20  # the other run's 150 MB is not counted
+    with compare.PeakMemory(mine, every_s=0.05) as memory:
+        subprocess.run(["bash", "-c", f"{sys.executable} -c '{hog}'"], env={**os.environ, "OUTPUT_DIR": str(mine)})
+    assert memory.peak_bytes > 150 * 2**20  # a grandchild (bash -> python) is counted
