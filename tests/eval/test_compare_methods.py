@@ -230,10 +230,10 @@ def test_peak_memory_follows_the_runs_own_process_tree_only(tmp_path):
     small = "import time; time.sleep(0.8)"
     mine = tmp_path / "mine"
     with compare.PeakMemory(mine, every_s=0.05) as memory:
-        other = subprocess.Popen([sys.executable, "-c", hog], env={**os.environ, "OUTPUT_DIR": str(tmp_path / "x")})
-        subprocess.run(["bash", "-c", f"{sys.executable} -c '{small}'"], env={**os.environ, "OUTPUT_DIR": str(mine)})
+        other = subprocess.Popen([sys.executable, "-S", "-c", hog], env={**os.environ, "OUTPUT_DIR": str(tmp_path / "x")})
+        subprocess.run(["bash", "-c", f"{sys.executable} -S -c '{small}'"], env={**os.environ, "OUTPUT_DIR": str(mine)})
         other.wait()
     assert 0 < memory.peak_bytes < 120 * 2**20  # the other run's 150 MB is not counted
     with compare.PeakMemory(mine, every_s=0.05) as memory:
-        subprocess.run(["bash", "-c", f"{sys.executable} -c '{hog}'"], env={**os.environ, "OUTPUT_DIR": str(mine)})
+        subprocess.run(["bash", "-c", f"{sys.executable} -S -c '{hog}'"], env={**os.environ, "OUTPUT_DIR": str(mine)})
     assert memory.peak_bytes > 150 * 2**20  # a grandchild (bash -> python) is counted
