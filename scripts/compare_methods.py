@@ -81,6 +81,9 @@ METHODS: dict[str, list[str]] = {
     "oracle": ["algorithm.adv_estimator=oracle"],
     # Information gain against a random document in the result's place (docs/methods/ig_search.md).
     "ig_search": ["algorithm.adv_estimator=ig_search"],
+    # Potential-based shaping with the frozen reference policy as teacher (docs/methods/tips.md; needs the KL loss on,
+    # as configs/igpo_base.yaml has it).
+    "tips": ["algorithm.adv_estimator=tips"],
 }
 PRIMARY = "outcome/success_share"
 STEP_LINE = re.compile(r"step:(\d+) - (.*)")
