@@ -1,0 +1,416 @@
+"""Summarise the turn-credit comparison (results/turn_credit/plan.md): the oracle gate, the rows, the per-turn table.
+
+Reads the runs that ``scripts/compare_methods.py`` left under ``<folder>/<comparison>/runs/<method>-s<seed>/``
+(``train.log``, ``console.log`` and, with ``--trajectories``, the trajectory log ``trajectories/step_*.jsonl``) and
+writes into ``<folder>``:
+
+    summary.md          the checks the plan fixes (model digest, calibration bounds, the oracle working, step-1
+                        pairing, repeat of chain_compare_v2's GRPO runs), the gate (oracle − GRPO on the primary
+                        measure, 95% paired t and bootstrap intervals, p, s_d, detectable difference, pass or not),
+                        the rows (each − GRPO, Holm-adjusted p-values, intervals at 95% and at the Holm family's
+                        Bonferroni level; successors − IGPO likewise), validation avg@8 after training, and the
+                        per-turn table by what the turn did (igpo/eval/turn_kinds.py) and question type
+    paired.csv          method, seed, primary, the baseline's primary, difference, validation EM after
+    steps.csv           method, seed, step, primary, training score, tool calls per trajectory, reach1-3
+    turns.csv.gz        one row per turn of every logged training trajectory: method, seed, step, row, hops, turn,
+                        kind, applied advantage (mean over the turn's tokens in the loss), turn reward (the oracle's
+                        or IGPO's information gain where the method logs it), outcome score
+    train_success.png   the primary measure per step, mean over seeds with the 95% t band, per method
+    val_em.png          validation avg@8 exact match after training per seed and method (GRPO's before beside it)
+
+Usage (from the repository root, with the CPU .venv):
+    python scripts/summarize_turn_credit.py                      # results/turn_credit, every comparison in it
+    python scripts/summarize_turn_credit.py --comparisons gate_A
+A comparison still running is summarised over its finished runs; the summary says how many seeds each method has.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import gzip
+import math
+import re
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT))
+
+import compare_methods as cm  # noqa: E402  (the comparison's own log parsing and plots)
+
+from igpo.eval.paired import (detectable_difference, holm, mean_interval, paired_difference,  # noqa: E402
+                              paired_t_p, t_quantile)
+from igpo.eval.turn_kinds import KINDS, chain_hops, turn_kinds  # noqa: E402
+
+PRIMARY = "outcome/success_share"
+EXPECTED_MODEL = "607a9ea80d998160"
+FAMILY = ("igpo", "igpo_telescoped", "ig_search", "tips", "igpo_turnnorm")
+SUCCESSORS = ("igpo_telescoped", "ig_search", "tips", "igpo_turnnorm")
+# verl's validation aggregates print as np.float64(...): read those too.
+METRIC = re.compile(r"([A-Za-z0-9_@/\-.]+):(?:np\.float64\()?(-?[0-9.]+(?:[eE][-+]?[0-9]+)?|nan|inf)\)?")
+TURN_REWARD = ("oracle_reward", "information_gain")
+
+
+def load_runs(folder: Path, comparisons: list[str], steps: int) -> tuple[dict[str, list], list[str]]:
+    """method -> finished runs (sorted by seed; a method in two comparisons keeps the first one's run at a seed),
+    and notes on what was skipped."""
+    runs: dict[str, dict[int, cm.Run]] = {}
+    notes = []
+    for comparison in comparisons:
+        for directory in sorted((folder / comparison / "runs").glob("*-s*")):
+            method, _, seed = directory.name.rpartition("-s")
+            run = cm.Run(method, int(seed), directory)
+            if not cm.load_finished(run, steps):
+                notes.append(f"{comparison}/{directory.name}: not finished (no step {steps} in its log)")
+                continue
+            run.comparison = comparison
+            kept = runs.setdefault(method, {})
+            if run.seed in kept:
+                notes.append(f"{comparison}/{directory.name}: seed {run.seed} of {method} already read from "
+                             f"{kept[run.seed].comparison}; this one is not used")
+                continue
+            kept[run.seed] = run
+    return {m: [by_seed[s] for s in sorted(by_seed)] for m, by_seed in sorted(runs.items())}, notes
+
+
+def val_metrics(run) -> dict[str, float]:
+    """The validation metrics of the run's last step, np.float64 values included."""
+    text = (run.directory / "train.log").read_text()
+    out: dict[str, float] = {}
+    last = max(run.steps)
+    for line in text.splitlines():
+        match = cm.STEP_LINE.search(line)
+        if match and int(match.group(1)) == last and "val-" in line:
+            out.update((k, float(v)) for k, v in METRIC.findall(match.group(2)) if k.startswith("val-"))
+    return out
+
+
+def model_digest(run) -> str | None:
+    console = run.directory / "console.log"
+    found = re.search(r"demo model sha256 ([0-9a-f]{16})", console.read_text()) if console.is_file() else None
+    return found.group(1) if found else None
+
+
+def turn_rows(run) -> list[list]:
+    """One row per turn of every trajectory in the run's trajectory log (empty without one)."""
+    from igpo.integration.trajectory_log import read_step, token_advantages
+
+    rows = []
+    for path in sorted((run.directory / "trajectories").glob("step_*.jsonl")):
+        for index, line in enumerate(read_step(path)):
+            record = line["record"]
+            hops = chain_hops(record.question)
+            if hops < 1 or len(record.hop_right) != record.num_turns:
+                continue
+            kinds = turn_kinds(record, hops)
+            per_token = token_advantages(line) if "advantage" in line else []
+            terms = line.get("terms") or {}
+            reward = next((terms[name] for name in TURN_REWARD if isinstance(terms.get(name), list)), None)
+            for turn, kind in enumerate(kinds):
+                advantage = math.nan
+                spans = line.get("turn_spans") or []
+                if turn < len(spans) and spans[turn][0] is not None:
+                    values = [v for v in per_token[spans[turn][0]:spans[turn][1]] if v is not None]
+                    advantage = statistics.fmean(values) if values else math.nan
+                value = reward[turn] if reward is not None and turn < len(reward) else None
+                rows.append([run.method, run.seed, line["step"], index, hops, turn, kind, advantage,
+                             math.nan if value is None else value, line["score"]])
+    return rows
+
+
+def fmt(value: float, digits: int = 3, sign: bool = False) -> str:
+    if value is None or not math.isfinite(value):
+        return "-"
+    return f"{value:+.{digits}f}" if sign else f"{value:.{digits}f}"
+
+
+def checks(runs: dict[str, list], baseline: str, gate: str, steps: int, folder: Path) -> list[str]:
+    lines = ["## Checks the plan fixes", ""]
+    digests = {model_digest(r) for group in runs.values() for r in group}
+    lines.append(f"- Model digest: {', '.join(sorted(str(d) for d in digests))} (expected {EXPECTED_MODEL}): "
+                 + ("**as expected**." if digests == {EXPECTED_MODEL} else "**NOT as expected**: the comparison "
+                    "stops until this is explained."))
+    base = runs.get(baseline, [])
+    if base:
+        first = [r.steps.get(1, {}).get(PRIMARY, math.nan) for r in base]
+        half = [cm.second_half_mean(r, PRIMARY, steps) for r in base]
+        low_ok = all(v >= 0.031 for v in first) and 0.05 <= statistics.fmean(first) <= 0.15
+        lines.append(f"- Calibration, below: {baseline}'s step-1 success per seed {', '.join(fmt(v) for v in first)}"
+                     f" (mean {fmt(statistics.fmean(first))}); bound >= 0.031 at every seed and mean in 0.05-0.15: "
+                     f"**{'met' if low_ok else 'not met'}**.")
+        high_ok = all(v < 0.5 for v in half)
+        lines.append(f"- Calibration, above (room): {baseline}'s steps {steps // 2 + 1}-{steps} success per seed "
+                     f"{', '.join(fmt(v) for v in half)}; bound < 0.50 at every seed: "
+                     f"**{'met' if high_ok else 'not met'}**.")
+    if gate in runs:
+        bad = [(r.seed, s) for r in runs[gate] for s, m in r.steps.items() if s > 0 and "critic/score/mean" in m
+               and not (m.get("oracle/right_hop_turns", 0) > 0 and m.get("oracle/rows_without_chain", 1) == 0)]
+        lines.append(f"- The oracle works (`oracle/right_hop_turns` > 0, `oracle/rows_without_chain` = 0 at every "
+                     f"step): **{'yes' if not bad else f'no, at (seed, step) {bad}'}**.")
+    keys = ("critic/score/mean", "igpo/turns_mean", "hop/reach1", "hop/reach2", "hop/reach3")
+    unpaired = []
+    for method, group in runs.items():
+        if method == baseline:
+            continue
+        for run in group:
+            other = next((b for b in base if b.seed == run.seed), None)
+            if other is None or any(run.steps.get(1, {}).get(k) != other.steps.get(1, {}).get(k) for k in keys):
+                unpaired.append(f"{method} seed {run.seed}")
+    lines.append(f"- Step-1 pairing (every arm's step-1 {', '.join(f'`{k}`' for k in keys)} equal to {baseline}'s at "
+                 f"its seed): **{'held at every seed' if not unpaired else 'broken: ' + ', '.join(unpaired)}**.")
+    earlier = ROOT / "results" / "chain_compare_v2" / "runs"
+    repeats = []
+    for run in base:
+        log = earlier / f"{baseline}-s{run.seed}" / "train.log"
+        if run.seed > 1 or not log.is_file():
+            continue
+        old = cm.parse_log(log.read_text())
+        same = all(old.get(s, {}).get(k) == run.steps.get(s, {}).get(k)
+                   for s in range(1, steps + 1) for k in ("critic/score/mean", "igpo/turns_mean"))
+        repeats.append(f"seed {run.seed}: {'identical' if same else 'different'}")
+    if repeats:
+        lines.append(f"- {baseline} against chain_compare_v2's runs at the same seed (training score and turns at "
+                     f"steps 1-{steps}; only the validation's sample count differs): {'; '.join(repeats)}.")
+    return lines + [""]
+
+
+def contrast_line(name: str, values: list[float], base: list[float], level: float | None = None) -> tuple:
+    d = paired_difference(values, base)
+    p = paired_t_p(values, base)
+    sd = d.sd
+    wide = None
+    if level is not None:
+        half = t_quantile(1 - level / 2, d.n - 1) * sd / math.sqrt(d.n)
+        wide = (d.mean - half, d.mean + half)
+    return d, p, wide
+
+
+def gate_section(runs: dict[str, list], baseline: str, gate: str, steps: int) -> tuple[list[str], bool | None]:
+    if gate not in runs or baseline not in runs:
+        return ["## The gate", "", "No finished runs of both arms yet.", ""], None
+    seeds = sorted({r.seed for r in runs[gate]} & {r.seed for r in runs[baseline]})
+    g = [cm.second_half_mean(next(r for r in runs[gate] if r.seed == s), PRIMARY, steps) for s in seeds]
+    b = [cm.second_half_mean(next(r for r in runs[baseline] if r.seed == s), PRIMARY, steps) for s in seeds]
+    lines = [f"## The gate: {gate} − {baseline}, `{PRIMARY}` over steps {steps // 2 + 1}-{steps}", "",
+             f"Seeds {', '.join(map(str, seeds))} ({len(seeds)} of the plan's 10).", "",
+             "| seed | " + " | ".join(map(str, seeds)) + " |", "|---|" + "---|" * len(seeds),
+             f"| {baseline} | " + " | ".join(fmt(v) for v in b) + " |",
+             f"| {gate} | " + " | ".join(fmt(v) for v in g) + " |",
+             "| difference | " + " | ".join(fmt(x - y, sign=True) for x, y in zip(g, b)) + " |", ""]
+    if len(seeds) < 2:
+        return lines + ["Too few paired seeds for an interval.", ""], None
+    d, p, _ = contrast_line(gate, g, b)
+    passed = d.t_low > 0
+    lines += [f"- Difference {d.describe()}; paired t p = {p:.4f}; s_d = {d.sd:.4f}; detectable difference at this "
+              f"s_d over {d.n} seeds (α 0.05, power 0.8): {detectable_difference(d.sd, d.n):.3f}.",
+              f"- **The gate {'passes' if passed else 'does not pass'}** (the plan: the 95% paired t interval entirely "
+              f"above 0){'' if len(seeds) == 10 else ' — provisional: the gate is read at 10 seeds'}.", ""]
+    return lines, passed
+
+
+def rows_section(runs: dict[str, list], baseline: str, steps: int) -> list[str]:
+    family = [m for m in FAMILY if m in runs]
+    if not family:
+        return []
+
+    def primary(method: str, seeds: list[int]) -> list[float]:
+        return [cm.second_half_mean(next(r for r in runs[method] if r.seed == s), PRIMARY, steps) for s in seeds]
+
+    lines = [f"## The rows: each − {baseline}, Holm across {len(family)} contrasts", "",
+             "Intervals: 95% paired t, and at the Bonferroni level of the family (α / m, the widest level Holm uses; "
+             "conservative for every row but the smallest p).", "",
+             "| row | seeds | mean | difference [95% t] | interval at α/m | p | Holm p |", "|---|---|---|---|---|---|---|"]
+    stats = {}
+    for method in family:
+        seeds = sorted({r.seed for r in runs[method]} & {r.seed for r in runs[baseline]})
+        if len(seeds) < 2:
+            continue
+        values, base = primary(method, seeds), primary(baseline, seeds)
+        stats[method] = (seeds, values, *contrast_line(method, values, base, 0.05 / len(family)))
+    adjusted = holm({m: s[3] for m, s in stats.items()}) if stats else {}
+    for method, (seeds, values, d, p, wide) in stats.items():
+        lines.append(f"| {method} | {len(seeds)} | {fmt(statistics.fmean(values))} | {d.describe()} | "
+                     f"[{fmt(wide[0], sign=True)}, {fmt(wide[1], sign=True)}] | {p:.4f} | {adjusted[method]:.4f} |")
+    successors = [m for m in SUCCESSORS if m in runs and "igpo" in runs]
+    if successors:
+        lines += ["", f"Secondary: each successor − igpo, Holm across {len(successors)}.", "",
+                  "| row | difference vs igpo [95% t] | p | Holm p |", "|---|---|---|---|"]
+        second = {}
+        for method in successors:
+            seeds = sorted({r.seed for r in runs[method]} & {r.seed for r in runs["igpo"]})
+            if len(seeds) >= 2:
+                second[method] = contrast_line(method, primary(method, seeds), primary("igpo", seeds))
+        adjusted = holm({m: s[1] for m, s in second.items()}) if second else {}
+        for method, (d, p, _) in second.items():
+            lines.append(f"| {method} | {d.describe()} | {p:.4f} | {adjusted[method]:.4f} |")
+    return lines + [""]
+
+
+def validation_section(runs: dict[str, list], baseline: str) -> tuple[list[str], dict]:
+    lines = ["## Validation after training (key secondary): sampled, temperature 1, 8 samples per held-out question",
+             "", "avg@8 exact match over the 64 held-out questions (`val-core/all/em`); pass@8 per question type "
+             "where verl logs it (`best@8`); before training: the baseline's figure (every arm's at its seed).", "",
+             "| method | seeds | avg@8 EM after (mean [95% t]) | − baseline [95% paired t] | pass@8 2-hop / 3-hop |",
+             "|---|---|---|---|---|"]
+    after = {m: {r.seed: val_metrics(r) for r in group} for m, group in runs.items()}
+    before = [r.steps.get(0, {}).get("val-core/all/em", math.nan) for r in runs.get(baseline, [])]
+    for method, by_seed in after.items():
+        em = {s: v.get("val-core/all/em", math.nan) for s, v in by_seed.items()}
+        finite = [v for v in em.values() if math.isfinite(v)]
+        if not finite:
+            continue
+        mean, low, high = mean_interval(finite)
+        versus = "(the baseline)"
+        if method != baseline and baseline in after:
+            seeds = [s for s in em if s in after[baseline]]
+            base = [after[baseline][s].get("val-core/all/em", math.nan) for s in seeds]
+            versus = (paired_difference([em[s] for s in seeds], base).describe() if len(seeds) >= 2 else "-")
+        passes = []
+        for source in ("demo_world_mentor2", "demo_world_mentor3"):
+            values = [v[f"val-core/{source}/em/best@8/mean"] for v in by_seed.values()
+                      if f"val-core/{source}/em/best@8/mean" in v]
+            passes.append(fmt(statistics.fmean(values)) if values else "-")
+        lines.append(f"| {method} | {len(finite)} | {mean:.3f} [{low:.3f}, {high:.3f}] | {versus} | "
+                     f"{' / '.join(passes)} |")
+    if any(math.isfinite(v) for v in before):
+        lines.append(f"| before training | {len(before)} | {statistics.fmean(before):.3f} | | |")
+    return lines + [""], after
+
+
+def turn_section(turns: list[list]) -> list[str]:
+    if not turns:
+        return ["## What the turns did", "", "No trajectory logs.", ""]
+    lines = ["## What the turns did (every training step and seed)", "",
+             "Per method and question type: turns of each kind per trajectory, the mean applied advantage over the "
+             "turn's tokens, and the mean turn reward where the method logs one (the oracle's hop reward; IGPO's "
+             "information gain). Kinds: igpo/eval/turn_kinds.py.", "",
+             "| method | hops | trajectories | " + " | ".join(KINDS) + " |", "|---|---|---|" + "---|" * len(KINDS)]
+    groups: dict[tuple, list[list]] = {}
+    for row in turns:
+        groups.setdefault((row[0], row[4]), []).append(row)
+    for (method, hops), rows in sorted(groups.items()):
+        trajectories = len({(r[1], r[2], r[3]) for r in rows})
+        cells = []
+        for kind in KINDS:
+            picked = [r for r in rows if r[6] == kind]
+            if not picked:
+                cells.append("0")
+                continue
+            adv = [r[7] for r in picked if math.isfinite(r[7])]
+            reward = [r[8] for r in picked if math.isfinite(r[8])]
+            cell = f"{len(picked) / trajectories:.2f}; A {fmt(statistics.fmean(adv), 2, True) if adv else '-'}"
+            if reward:
+                cell += f"; r {fmt(statistics.fmean(reward), 2, True)}"
+            cells.append(cell)
+        lines.append(f"| {method} | {hops} | {trajectories} | " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--folder", type=Path, default=ROOT / "results" / "turn_credit")
+    parser.add_argument("--comparisons", default=None,
+                        help="comma-separated sub-folders (default: every one with a runs/ folder, gates first)")
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--baseline", default="grpo")
+    parser.add_argument("--gate", default="oracle")
+    args = parser.parse_args()
+    if args.comparisons:
+        comparisons = [c.strip() for c in args.comparisons.split(",") if c.strip()]
+    else:
+        comparisons = sorted((p.name for p in args.folder.iterdir() if (p / "runs").is_dir()),
+                             key=lambda name: (not name.startswith("gate"), name))
+    missing = [c for c in comparisons if not (args.folder / c / "runs").is_dir()]
+    if missing or not comparisons:
+        parser.error(f"--comparisons: no runs/ folder under {args.folder} for {missing or 'any comparison'}")
+    runs, notes = load_runs(args.folder, comparisons, args.steps)
+    if not runs:
+        parser.error(f"no finished run under {args.folder} ({'; '.join(notes) or 'nothing found'})")
+
+    turns = [row for group in runs.values() for r in group for row in turn_rows(r)]
+    with gzip.open(args.folder / "turns.csv.gz", "wt", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["method", "seed", "step", "row", "hops", "turn", "kind", "advantage", "turn_reward", "score"])
+        for row in turns:
+            writer.writerow([f"{v:.5g}" if isinstance(v, float) else v for v in row])
+    with (args.folder / "steps.csv").open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["method", "seed", "step", "primary", "train_score", "tool_calls_per_trajectory",
+                         "reach1", "reach2", "reach3"])
+        for method, group in runs.items():
+            for run in group:
+                for step, m in sorted(run.steps.items()):
+                    if step < 1:
+                        continue
+                    cells = [m.get(PRIMARY), m.get("critic/score/mean"), cm.tool_calls_per_trajectory(m),
+                             m.get("hop/reach1"), m.get("hop/reach2"), m.get("hop/reach3")]
+                    writer.writerow([method, run.seed, step] + [fmt(c, 4) for c in cells])
+
+    gate_lines, _ = gate_section(runs, args.baseline, args.gate, args.steps)
+    val_lines, after = validation_section(runs, args.baseline)
+    with (args.folder / "paired.csv").open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["method", "seed", "primary", f"{args.baseline}_primary", "difference", "val_em_after"])
+        base = {r.seed: cm.second_half_mean(r, PRIMARY, args.steps) for r in runs.get(args.baseline, [])}
+        for method, group in runs.items():
+            for run in group:
+                value = cm.second_half_mean(run, PRIMARY, args.steps)
+                b = base.get(run.seed, math.nan)
+                writer.writerow([method, run.seed, fmt(value, 4), fmt(b, 4), fmt(value - b, 4, True),
+                                 fmt(after[method][run.seed].get("val-core/all/em", math.nan), 4)])
+    bands = {method: cm.step_band(group, PRIMARY) for method, group in runs.items() if len(group) >= 2}
+    if bands:
+        cm._plot_bands(args.folder / "train_success.png", bands, PRIMARY,
+                       "chain task, " + ", ".join(f"{m} {len(g)} seeds" for m, g in runs.items()))
+    _plot_validation(args.folder / "val_em.png", runs, after, args.baseline)
+
+    commits = sorted({(r.directory.parent.parent / "commit.txt").read_text().strip()
+                      for g in runs.values() for r in g if (r.directory.parent.parent / "commit.txt").is_file()})
+    every = [r for group in runs.values() for r in group]
+    wall = cm.comparison_wall_s(every)
+    lines = ["# Turn-level credit on the chain task: the oracle gate and the rows (issue 61)", "",
+             f"Written by `scripts/summarize_turn_credit.py` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} "
+             f"from {', '.join(comparisons)} (plan: plan.md; runs' commit: {', '.join(commits) or 'see the plan'}). "
+             f"Runs: " + ", ".join(f"{m} {len(g)}" for m, g in runs.items()) + f"; wall time {wall / 3600:.2f} h "
+             f"(union of the runs' intervals); mean wall time a run: "
+             + ", ".join(f"{m} {statistics.fmean(r.wall_s for r in g):.0f} s" for m, g in runs.items()) + ".", ""]
+    if notes:
+        lines += ["Skipped: " + "; ".join(notes) + ".", ""]
+    lines += checks(runs, args.baseline, args.gate, args.steps, args.folder) + gate_lines
+    lines += rows_section(runs, args.baseline, args.steps) + val_lines + turn_section(turns)
+    (args.folder / "summary.md").write_text("\n".join(lines))
+    print("\n".join(lines))
+
+
+def _plot_validation(path: Path, runs: dict[str, list], after: dict, baseline: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    labels = []
+    if baseline in runs:
+        before = [r.steps.get(0, {}).get("val-core/all/em", math.nan) for r in runs[baseline]]
+        labels.append(("before", before))
+    labels += [(m, [after[m][r.seed].get("val-core/all/em", math.nan) for r in g]) for m, g in runs.items()]
+    for x, (label, values) in enumerate(labels):
+        finite = [v for v in values if math.isfinite(v)]
+        ax.scatter([x] * len(finite), finite, alpha=0.6)
+        if len(finite) >= 2:
+            mean, low, high = mean_interval(finite)
+            ax.errorbar([x + 0.15], [mean], yerr=[[mean - low], [high - mean]], fmt="o", color="black", capsize=4)
+    ax.set_xticks(range(len(labels)), [label for label, _ in labels])
+    ax.set_ylabel("validation avg@8 exact match (dots: seeds; bar: 95% t)")
+    ax.set_title("chain task, held-out questions")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()
