@@ -142,3 +142,44 @@ def test_the_batch_scale_is_kept_with_the_checkpoint_state(tiny_tokenizer):
     resumed = method_for(run_config("tips"))
     resumed.load_state_dict(method.state_dict())
     assert resumed.scale == method.scale != 0.11 and math.isfinite(resumed.scale)
+
+
+def worker_with(actor_module, ref_module):
+    """The actor worker's scoring methods bound to an object holding an actor and (or not) a reference engine, as
+    verl's ``ActorRolloutRefWorker`` holds them (``self.actor.engine``, ``self.ref.engine``): no Ray, no FSDP."""
+    import types
+
+    from igpo.integration.actor_worker import IGPOActorRolloutRefWorker as Worker
+
+    def engine(module):
+        return types.SimpleNamespace(module=module, is_param_offload_enabled=False)
+
+    worker = types.SimpleNamespace(actor=types.SimpleNamespace(engine=engine(actor_module)), role="actor_rollout_ref",
+                                   ref=None if ref_module is None else types.SimpleNamespace(engine=engine(ref_module)))
+    for name in ("_score_answer_share", "_reference_engine", "_scoring_module"):
+        setattr(worker, name, types.MethodType(getattr(Worker, name), worker))
+    return worker, Worker
+
+
+def test_the_worker_scores_the_reference_requests_on_the_reference_module(tiny_model_dir, tiny_tokenizer):
+    from transformers import AutoModelForCausalLM
+
+    reference = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    actor = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        for parameter in actor.parameters():
+            parameter.add_(0.05 * torch.randn_like(parameter))
+    probe = tiny_tokenizer.encode("Paris", add_special_tokens=False)
+    requests = [{"trajectory_ids": list(range(5, 25)), "boundaries": [6, 14, 20],
+                 "probes": [{"token_ids": probe, "span": [0, len(probe)]}]}]
+    scoring = {"strategy": "packed", "temperature": 1.0}
+    worker, Worker = worker_with(actor, reference)
+    on_reference = Worker.tips_score_reference_answers(worker, requests, scoring)
+    on_actor = Worker.igpo_score_answers(worker, requests, scoring)
+    worker_ref, _ = worker_with(reference, None)
+    expected = Worker.igpo_score_answers(worker_ref, requests, scoring)  # the reference's weights as an actor's
+    assert on_reference == expected and on_reference != on_actor
+    assert actor.training is False and reference.training is False
+    with pytest.raises(RuntimeError, match="holds none: verl builds it here only with "
+                                           "actor_rollout_ref.actor.use_kl_loss=true"):
+        Worker.tips_score_reference_answers(worker_ref, requests, scoring)
