@@ -23,7 +23,7 @@ import numpy as np
 ANSWER_SPLIT = "<|answer_split|>"
 """Literal separator joining the aliases of a multi-answer ground truth in the QA parquet files."""
 
-ALIAS_MODES = ("first", "max", "mean")
+ALIAS_MODES = ("first", "max", "mean", "logsumexp")
 
 
 def _fact_check_label(alias: str) -> str:
@@ -79,8 +79,8 @@ def parse_ground_truth(gt: Any, fact_check_labels: bool = True) -> list[str]:
 def scoring_aliases(aliases: list[str], mode: str) -> list[str]:
     """Aliases whose probe is scored for information gain.
 
-    ``first``: only ``aliases[0]`` (the paper and DR-Venus); ``max`` / ``mean``: all aliases, the caller reduces the
-    per-alias boundary scores l_s^(a) by max or mean over a.
+    ``first``: only ``aliases[0]`` (the paper and DR-Venus); ``max`` / ``mean`` / ``logsumexp``: all aliases, the
+    caller reduces the per-alias boundary scores l_s^(a) by max, mean or log Σ_a exp over a.
     """
     if mode not in ALIAS_MODES:
         raise ValueError(f"answer alias mode {mode!r} is unknown; use one of {ALIAS_MODES}.")

@@ -48,7 +48,8 @@ class InfoGainConfig:
         ``in_ig_pool`` (reference, DR-Venus ``ray_trainer.py``): -scale REPLACES the turn's IG before normalization
             (also on a turn the tool filter left unscored) and is z-scored with the IG values: it enters μ/σ of the
             group's IG positions and the batch scale of scaled_separate.
-    answer_alias: ``first`` scores the first alias (paper); ``max`` / ``mean`` reduce l_s over all aliases.
+    answer_alias: ``first`` scores the first alias (paper); ``max`` / ``mean`` reduce l_s over all aliases;
+        ``logsumexp``: l_s = log Σ_a exp l_s^(a), the log-probability of any alias (TIPS's release).
     ig_turns: which turns may carry IG. ``reached`` (ours): only a turn whose tool call reached a tool and came back
         with its result (status ok or no_results); a turn that wrote no parsable call, named an unknown tool, repeated
         a call or hit an infrastructure failure has no IG position, and the next scored turn's IG is measured from
@@ -122,7 +123,8 @@ def scored_boundaries(tool_names: list[list[str | None]], cfg: InfoGainConfig,
 
 
 def reduce_alias_logprobs(alias_logprob: Tensor, alias_mask: Tensor, mode: str) -> Tensor:
-    """Reduce per-alias boundary scores l_s^(a) [B, S, A] to l_s [B, S] for ``answer_alias`` = max or mean.
+    """Reduce per-alias boundary scores l_s^(a) [B, S, A] to l_s [B, S] for ``answer_alias`` = max, mean or logsumexp
+    (log Σ_a exp l_s^(a)).
 
     ``alias_mask[B, A]`` marks real aliases (trajectories have different alias counts). Non-finite scores of an
     alias are ignored; a boundary where every alias failed stays NaN (and is then treated as a failed boundary).
@@ -138,6 +140,8 @@ def reduce_alias_logprobs(alias_logprob: Tensor, alias_mask: Tensor, mode: str) 
         red = torch.where(ok, alias_logprob, torch.full_like(alias_logprob, -torch.inf)).amax(-1)
     elif mode == "mean":
         red = torch.where(ok, alias_logprob, torch.zeros_like(alias_logprob)).sum(-1) / count.clamp(min=1)
+    elif mode == "logsumexp":
+        red = torch.where(ok, alias_logprob, torch.full_like(alias_logprob, -torch.inf)).logsumexp(-1)
     elif mode == "first":
         red = alias_logprob[..., 0]
         return torch.where(alias_mask[:, None, 0], red, torch.full_like(red, torch.nan))

@@ -110,3 +110,13 @@ def test_config_refuses_bad_values_and_matches_the_base_yaml():
     assert TIPSConfig.from_dict({"gamma": 1}).gamma == 1 and TIPSConfig.from_dict({"gamma": None}) == TIPSConfig()
     section = yaml.safe_load((REPO / "configs" / "igpo_base.yaml").read_text())["algorithm"]["tips"]
     assert TIPSConfig.from_dict(section) == TIPSConfig()
+
+
+def test_the_authors_alias_reduction_is_the_log_of_the_summed_probabilities():
+    from igpo.core.info_gain import reduce_alias_logprobs
+
+    values = torch.tensor([[[-1.0, -2.0, NAN], [NAN, NAN, NAN]]], dtype=torch.float64)
+    alias_ok = torch.tensor([[True, True, False]])
+    out = reduce_alias_logprobs(values, alias_ok, "logsumexp")
+    assert out[0, 0].item() == pytest.approx(math.log(math.exp(-1.0) + math.exp(-2.0)), abs=1e-15)
+    assert math.isnan(out[0, 1].item())
