@@ -1,0 +1,237 @@
+"""Summarise the real-model comparison (results/real_model/plan.md): held-out avg@4 / pass@4 before, in the middle
+and after training per run, bootstrapped over questions, and the training curves.
+
+Reads the runs that ``scripts/compare_methods.py --validation-dumps`` left under ``<folder>/runs/<method>-s<seed>/``:
+``train.log`` (every step's metrics), ``validation/<step>.jsonl`` (verl's validation generations: one line per
+sample with its prompt ``input``, its ``score`` and the reward's extra fields, ``em`` among them) and
+``peak_rss_mb.txt``. Before training every method at a seed has the same model and the same seeded samples, so a run
+without a step-0 dump (``--val-before baseline``) takes the baseline's at its seed; the summary checks the two runs'
+step-1 metrics agree.
+
+Per question q of the held-out set: avg@k_q = the mean exact match of its k samples, pass@k_q = 1 if any is exact.
+A run's avg@k is the mean over questions; the difference after − before is paired by question, and its interval is
+the percentile bootstrap over questions (10,000 resamples, seed 0).
+
+Writes into ``<folder>``: ``summary.md``, ``validation.csv`` (method, seed, step, avg@k, pass@k, each with its
+bootstrap interval), ``steps.csv`` (the training curves), ``val_avg.png`` (held-out avg@k against step per method:
+each seed's line and the mean) and ``training.png`` (success, well-formed call share, tool calls, KL, entropy).
+
+Usage: python scripts/summarize_real_model.py [--folder results/real_model/comparison] [--baseline grpo]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import random
+import re
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import compare_methods as cm  # noqa: E402  (the comparison's own log parsing)
+
+EXPECTED_MODEL = "a8eb51a63f99a6d8"
+CURVES = ("outcome/success_share", "health/wellformed_call_share", "igpo/turns_mean", "igpo/ig_mean_answer_seen",
+          "igpo/ig_mean_answer_unseen", "actor/kl_loss", "actor/entropy", "outcome/same_outcome_group_share",
+          "igpo/truncated_ratio", "timing_s/step")
+
+
+def read_dump(path: Path) -> dict[str, list[float]]:
+    """question (its prompt text) -> the exact match of each of its samples, from one validation dump."""
+    per_question: dict[str, list[float]] = {}
+    for line in path.read_text().splitlines():
+        row = json.loads(line)
+        value = row.get("em", row.get("score"))
+        if value is None:
+            raise ValueError(f"{path}: a line has neither `em` nor `score`; is it a verl validation dump?")
+        per_question.setdefault(row["input"], []).append(float(value))
+    return per_question
+
+
+def question_scores(dump: dict[str, list[float]]) -> dict[str, tuple[float, float]]:
+    """question -> (avg@k, pass@k)."""
+    return {q: (statistics.fmean(v), float(max(v) >= 1.0)) for q, v in dump.items()}
+
+
+def bootstrap(values: list[float], resamples: int = 10_000, seed: int = 0) -> tuple[float, float, float]:
+    """(mean, low, high): the percentile 95% bootstrap interval of the mean of ``values`` (per-question figures)."""
+    if not values:
+        return math.nan, math.nan, math.nan
+    rng, n = random.Random(seed), len(values)
+    means = sorted(statistics.fmean(rng.choices(values, k=n)) for _ in range(resamples))
+    return statistics.fmean(values), means[int(0.025 * (resamples - 1))], means[math.ceil(0.975 * (resamples - 1))]
+
+
+def paired_change(before: dict[str, tuple], after: dict[str, tuple], which: int) -> tuple[float, float, float]:
+    """after − before of avg@k (``which`` 0) or pass@k (1), paired by question, bootstrapped over questions. The two
+    dumps must hold the same questions."""
+    if set(before) != set(after):
+        raise ValueError(f"the two validations hold different questions ({len(before)} and {len(after)}; "
+                         f"{len(set(before) ^ set(after))} differ): they are not of the same held-out set")
+    return bootstrap([after[q][which] - before[q][which] for q in sorted(before)])
+
+
+def fmt(triple: tuple[float, float, float], sign: bool = False) -> str:
+    mean, low, high = triple
+    if not math.isfinite(mean):
+        return "-"
+    s = "+" if sign else ""
+    return f"{mean:{s}.3f} [{low:{s}.3f}, {high:{s}.3f}]"
+
+
+def load(folder: Path) -> dict[str, list]:
+    runs: dict[str, list] = {}
+    for directory in sorted((folder / "runs").glob("*-s*")):
+        method, _, seed = directory.name.rpartition("-s")
+        run = cm.Run(method, int(seed), directory)
+        run.steps = cm.parse_log((directory / "train.log").read_text()) if (directory / "train.log").is_file() else {}
+        run.dumps = {int(p.stem): question_scores(read_dump(p)) for p in (directory / "validation").glob("*.jsonl")}
+        peak = directory / "peak_rss_mb.txt"
+        run.peak_mb = float(peak.read_text()) if peak.is_file() else math.nan
+        console = directory / "console.log"
+        found = re.search(r"demo model sha256 ([0-9a-f]{16})", console.read_text()) if console.is_file() else None
+        run.digest = found.group(1) if found else None
+        runs.setdefault(method, []).append(run)
+    return runs
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--folder", type=Path, default=ROOT / "results" / "real_model" / "comparison")
+    parser.add_argument("--baseline", default="grpo")
+    args = parser.parse_args()
+    if not (args.folder / "runs").is_dir():
+        parser.error(f"--folder {args.folder}: no runs/ folder (run scripts/compare_methods.py --validation-dumps "
+                     "--out <folder> first)")
+    runs = load(args.folder)
+    base = {r.seed: r for r in runs.get(args.baseline, [])}
+    lines = ["# SmolLM2-135M-Instruct on the CPU demo: held-out accuracy before and after training (issue 62)", "",
+             f"Written by `scripts/summarize_real_model.py` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} "
+             f"from {args.folder.name}/runs (plan: ../plan.md). Intervals: percentile bootstrap over the held-out "
+             "questions (10,000 resamples), differences paired by question.", ""]
+    digests = {r.digest for group in runs.values() for r in group}
+    lines.append(f"- Model digest: {', '.join(sorted(str(d) for d in digests))} (expected {EXPECTED_MODEL}): "
+                 + ("as expected." if digests == {EXPECTED_MODEL} else "**NOT as expected**."))
+    unpaired = [f"{m} seed {r.seed}" for m, g in runs.items() if m != args.baseline for r in g
+                if r.seed not in base or any(r.steps.get(1, {}).get(k) != base[r.seed].steps.get(1, {}).get(k)
+                                             for k in ("critic/score/mean", "igpo/turns_mean"))]
+    lines += [f"- Step-1 pairing with {args.baseline} (training score and turns at step 1): "
+              + ("held at every seed." if not unpaired else "**broken**: " + ", ".join(unpaired)), ""]
+
+    header = "| method | seed | step | avg@k | pass@k | avg@k − before | pass@k − before |"
+    lines += ["## Held-out avg@k and pass@k (k = samples per question)", "", header, "|---|---|---|---|---|---|---|"]
+    rows = []
+    for method, group in runs.items():
+        for run in group:
+            before = run.dumps.get(0) or (base[run.seed].dumps.get(0) if run.seed in base else None)
+            for step in sorted(set(run.dumps) | ({0} if before else set())):
+                scores = run.dumps.get(step) or before
+                avg = bootstrap([v[0] for v in scores.values()])
+                passed = bootstrap([v[1] for v in scores.values()])
+                if step > 0 and before:
+                    d_avg, d_pass = paired_change(before, scores, 0), paired_change(before, scores, 1)
+                else:
+                    d_avg = d_pass = (math.nan, math.nan, math.nan)
+                rows.append([method, run.seed, step, *avg, *passed, *d_avg])
+                lines.append(f"| {method} | {run.seed} | {step} | {fmt(avg)} | {fmt(passed)} | {fmt(d_avg, True)} | "
+                             f"{fmt(d_pass, True)} |")
+    with (args.folder / "validation.csv").open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["method", "seed", "step", "avg", "avg_low", "avg_high", "pass", "pass_low", "pass_high",
+                         "avg_change", "avg_change_low", "avg_change_high"])
+        writer.writerows([[*r[:3], *(f"{v:.4f}" if math.isfinite(v) else "" for v in r[3:])] for r in rows])
+
+    lines += ["", "## Learning shown? (the plan's rule)", ""]
+    for method, group in runs.items():
+        finals = []
+        for run in group:
+            last = max(run.dumps) if run.dumps else None
+            before = run.dumps.get(0) or (base[run.seed].dumps.get(0) if run.seed in base else None)
+            if last and before:
+                finals.append((run.seed, paired_change(before, run.dumps[last], 0)))
+        clear = [s for s, (_, low, _) in finals if low > 0]
+        shown = bool(clear) and all(mean >= 0 for _, (mean, _, _) in finals) and len(finals) >= 2
+        lines.append(f"- {method}: " + "; ".join(f"seed {s} {fmt(t, True)}" for s, t in finals)
+                     + f" -> **{'shown' if shown else 'not shown'}** (at least one seed's interval above 0, the "
+                     "other's difference not negative).")
+    if args.baseline in runs and len(runs) > 1:
+        lines += ["", f"Each method − {args.baseline} after training, avg@k paired by question at each seed:", ""]
+        for method, group in runs.items():
+            if method == args.baseline:
+                continue
+            for run in group:
+                other = base.get(run.seed)
+                if other and run.dumps and other.dumps and max(run.dumps) == max(other.dumps):
+                    last = max(run.dumps)
+                    lines.append(f"- {method} seed {run.seed}, step {last}: "
+                                 f"{fmt(paired_change(other.dumps[last], run.dumps[last], 0), True)}")
+
+    lines += ["", "## Runs", "", "| method | seed | steps | median step s | peak memory MB (tree RSS) |",
+              "|---|---|---|---|---|"]
+    with (args.folder / "steps.csv").open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["method", "seed", "step", *CURVES])
+        for method, group in runs.items():
+            for run in group:
+                trained = sorted(s for s, m in run.steps.items() if s > 0 and "critic/score/mean" in m)
+                for step in trained:
+                    writer.writerow([method, run.seed, step] + [
+                        f"{run.steps[step][k]:.4f}" if k in run.steps[step] else "" for k in CURVES])
+                times = [run.steps[s]["timing_s/step"] for s in trained[1:] if "timing_s/step" in run.steps[s]]
+                lines.append(f"| {method} | {run.seed} | {len(trained)} | "
+                             f"{statistics.median(times):.1f} | {run.peak_mb:.0f} |" if times else
+                             f"| {method} | {run.seed} | {len(trained)} | - | {run.peak_mb:.0f} |")
+    _plots(args.folder, runs, base)
+    (args.folder / "summary.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def _plots(folder: Path, runs: dict[str, list], base: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for index, (method, group) in enumerate(runs.items()):
+        color = f"C{index}"
+        for run in group:
+            dumps = dict(run.dumps)
+            if 0 not in dumps and run.seed in base and 0 in base[run.seed].dumps:
+                dumps[0] = base[run.seed].dumps[0]
+            steps = sorted(dumps)
+            ax.plot(steps, [bootstrap([v[0] for v in dumps[s].values()], 1)[0] for s in steps], color=color,
+                    alpha=0.4, marker="o", label=f"{method} seed {run.seed}")
+    ax.set_xlabel("training step")
+    ax.set_ylabel("held-out avg@k exact match")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(folder / "val_avg.png", dpi=100)
+    plt.close(fig)
+
+    keys = ("outcome/success_share", "health/wellformed_call_share", "igpo/turns_mean", "actor/kl_loss",
+            "actor/entropy")
+    fig, axes = plt.subplots(1, len(keys), figsize=(4 * len(keys), 3.2))
+    for ax, key in zip(axes, keys):
+        for index, (method, group) in enumerate(runs.items()):
+            for run in group:
+                steps = sorted(s for s, m in run.steps.items() if s > 0 and key in m)
+                ax.plot(steps, [run.steps[s][key] for s in steps], color=f"C{index}", alpha=0.6,
+                        label=f"{method} s{run.seed}")
+        ax.set_title(key, fontsize=9)
+        ax.set_xlabel("step")
+    axes[0].legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(folder / "training.png", dpi=100)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()

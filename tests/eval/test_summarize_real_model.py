@@ -1,0 +1,65 @@
+"""scripts/summarize_real_model.py on hand-made runs: per-question avg@k and pass@k from verl's validation dumps, the
+before figure borrowed from the baseline at the same seed, paired bootstrap changes and the plan's learning rule."""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+spec = importlib.util.spec_from_file_location("summarize_real_model", ROOT / "scripts" / "summarize_real_model.py")
+summary = importlib.util.module_from_spec(spec)
+sys.modules["summarize_real_model"] = summary
+spec.loader.exec_module(summary)
+
+QUESTIONS = [f"question {i}" for i in range(20)]
+
+
+def dump(path: Path, exact: dict[str, list[int]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = [json.dumps({"input": q, "output": "...", "score": float(e), "em": float(e), "step": 0})
+             for q, values in exact.items() for e in values]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def make_run(folder: Path, name: str, dumps: dict[int, dict[str, list[int]]]) -> None:
+    run = folder / "runs" / name
+    for step, exact in dumps.items():
+        dump(run / "validation" / f"{step}.jsonl", exact)
+    (run / "train.log").write_text("(TaskRunner pid=1) step:1 - critic/score/mean:0.25 - igpo/turns_mean:2.0 - "
+                                   "timing_s/step:90\n(TaskRunner pid=1) step:2 - critic/score/mean:0.5 - "
+                                   "timing_s/step:80\n")
+    (run / "console.log").write_text("igpo: demo model sha256 a8eb51a63f99a6d8 (SmolLM2 warm-started)\n")
+    (run / "peak_rss_mb.txt").write_text("5000\n")
+
+
+def test_per_question_avg_and_pass_and_the_paired_change():
+    before = summary.question_scores({"a": [0, 0, 0, 1], "b": [0, 0, 0, 0]})
+    after = summary.question_scores({"a": [1, 1, 0, 1], "b": [0, 1, 0, 0]})
+    assert before == {"a": (0.25, 1.0), "b": (0.0, 0.0)}
+    mean, low, high = summary.paired_change(before, after, 0)
+    assert mean == pytest.approx(0.375) and low <= mean <= high
+    assert summary.paired_change(before, after, 1)[0] == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="different questions"):
+        summary.paired_change(before, {"a": (1.0, 1.0)}, 0)
+
+
+def test_the_summary_borrows_the_baselines_before_and_applies_the_learning_rule(tmp_path, monkeypatch):
+    low = {q: [0, 0, 0, 1] if i < 5 else [0, 0, 0, 0] for i, q in enumerate(QUESTIONS)}
+    high = {q: [1, 1, 0, 1] if i < 15 else [0, 0, 0, 0] for i, q in enumerate(QUESTIONS)}
+    make_run(tmp_path, "grpo-s0", {0: low, 2: low})
+    make_run(tmp_path, "grpo-s1", {0: low, 2: low})
+    make_run(tmp_path, "igpo-s0", {2: high})
+    make_run(tmp_path, "igpo-s1", {2: low})
+    monkeypatch.setattr("sys.argv", ["summarize_real_model.py", "--folder", str(tmp_path)])
+    summary.main()
+    text = (tmp_path / "summary.md").read_text()
+    assert "- igpo: seed 0 +0.500" in text and "**shown**" in text.split("- igpo:")[1].splitlines()[0]
+    assert "**not shown**" in text.split("- grpo:")[1].splitlines()[0]
+    assert "Model digest: a8eb51a63f99a6d8 (expected a8eb51a63f99a6d8): as expected." in text
+    assert "held at every seed" in text
+    rows = (tmp_path / "validation.csv").read_text().splitlines()
+    assert any(r.startswith("igpo,0,0,0.0625") for r in rows)  # before: grpo's step-0 dump at seed 0
+    assert (tmp_path / "val_avg.png").is_file() and (tmp_path / "training.png").is_file()
