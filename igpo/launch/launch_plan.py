@@ -477,14 +477,6 @@ def check_cpu_backend(config: Any) -> list[str]:
     problem = vllm_cpu.missing()
     if problem:
         raise ConfigError(f"actor_rollout_ref.rollout.name=vllm on the CPU: {problem}")
-    trainer_mode = str((config.trainer.get("v1") or {}).get("trainer_mode", ""))
-    if trainer_mode not in ("igpo_sync", "sync"):
-        # Measured on 2026-12-06: the first weight update after the rollout was paused (aborted and put to sleep)
-        # never returned on vllm-cpu; the run sat there until it was killed. The hf rollout pauses and resumes.
-        raise ConfigError(f"actor_rollout_ref.rollout.name=vllm with trainer.v1.trainer_mode={trainer_mode} on the CPU: "
-                          "vllm-cpu does not come back from the asynchronous modes' pause (the first weight update "
-                          "after it hangs). Use actor_rollout_ref.rollout.name=hf for an asynchronous run on the CPU, "
-                          "or trainer.v1.trainer_mode=igpo_sync with vllm.")
     with open_dict(config):
         for key, (value, _why) in vllm_cpu.ROLLOUT_KEYS.items():
             rollout[key] = value
