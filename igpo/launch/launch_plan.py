@@ -90,10 +90,12 @@ class Plan:
 
     @property
     def scoring(self) -> str:
-        """IGPO and IG-Search teacher-force the answer (IG-Search also after a random document); the other estimators
-        score nothing of it (the oracle reads the world's truth instead)."""
+        """IGPO and IG-Search teacher-force the answer (IG-Search also after a random document); TIPS does on verl's
+        reference policy; the other estimators score nothing of it (the oracle reads the world's truth instead)."""
         if self.estimator in ("igpo", "grpo_info_gain", "ig_search"):
             return f"answer scoring on the {self.score_on}"
+        if self.estimator == "tips":
+            return "answer scoring on the reference policy (the frozen teacher)"
         return "no answer scoring"
 
     def describe(self) -> list[str]:
