@@ -364,9 +364,8 @@ def test_the_asynchronous_modes_take_the_ratio_against_the_rollouts_log_probs(qw
     assert any("nothing corrects for the tokens older weights sampled" in note for note in plan.notes), plan.notes
 
 
-@pytest.mark.parametrize("estimator, scoring", [("igpo", "answer scoring on the actor"),
-                                                ("tips", "answer scoring on the reference policy (the frozen teacher)"),
-                                                ("oracle", "no answer scoring"), ("grpo", "no answer scoring")])
+@pytest.mark.parametrize("estimator, scoring", [("tips", "answer scoring on the reference policy (the frozen teacher)"),
+                                                ("oracle", "no answer scoring")])
 def test_the_plan_names_where_each_method_scores_the_answer(qwen3_4b, estimator, scoring):
     _, plan = _plan(qwen3_4b, f"algorithm.adv_estimator={estimator}")
     assert plan.scoring == scoring
