@@ -25,7 +25,6 @@ import argparse
 import csv
 import json
 import math
-import random
 import re
 import statistics
 import sys
@@ -36,6 +35,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import compare_methods as cm  # noqa: E402  (the comparison's own log parsing)
+
+from igpo.eval.paired import bootstrap_interval  # noqa: E402
 
 EXPECTED_MODEL = "a8eb51a63f99a6d8"
 CURVES = ("outcome/success_share", "health/wellformed_call_share", "igpo/turns_mean", "igpo/ig_mean_answer_seen",
@@ -64,9 +65,7 @@ def bootstrap(values: list[float], resamples: int = 10_000, seed: int = 0) -> tu
     """(mean, low, high): the percentile 95% bootstrap interval of the mean of ``values`` (per-question figures)."""
     if not values:
         return math.nan, math.nan, math.nan
-    rng, n = random.Random(seed), len(values)
-    means = sorted(statistics.fmean(rng.choices(values, k=n)) for _ in range(resamples))
-    return statistics.fmean(values), means[int(0.025 * (resamples - 1))], means[math.ceil(0.975 * (resamples - 1))]
+    return (statistics.fmean(values), *bootstrap_interval(values, 0.95, resamples, seed))
 
 
 def paired_change(before: dict[str, tuple], after: dict[str, tuple], which: int) -> tuple[float, float, float]:

@@ -110,9 +110,9 @@ def turn_rows(run) -> list[list]:
             per_token = token_advantages(line) if "advantage" in line else []
             terms = line.get("terms") or {}
             reward = next((terms[name] for name in TURN_REWARD if isinstance(terms.get(name), list)), None)
+            spans = line.get("turn_spans") or []
             for turn, kind in enumerate(kinds):
                 advantage = math.nan
-                spans = line.get("turn_spans") or []
                 if turn < len(spans) and spans[turn][0] is not None:
                     values = [v for v in per_token[spans[turn][0]:spans[turn][1]] if v is not None]
                     advantage = statistics.fmean(values) if values else math.nan

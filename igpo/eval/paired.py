@@ -90,12 +90,18 @@ def paired_difference(method: Sequence[float], baseline: Sequence[float], confid
         raise ValueError(f"paired_difference: a difference is not finite ({diffs}); a run lacks the metric")
     n, mean, sd = len(diffs), statistics.fmean(diffs), statistics.stdev(diffs)
     half = t_quantile(1 - (1 - confidence) / 2, n - 1) * sd / math.sqrt(n)
-    rng = random.Random(seed)
-    means = sorted(statistics.fmean(rng.choices(diffs, k=n)) for _ in range(resamples))
+    boot_low, boot_high = bootstrap_interval(diffs, confidence, resamples, seed)
+    return PairedDifference(n, mean, sd, mean - half, mean + half, boot_low, boot_high)
+
+
+def bootstrap_interval(values: Sequence[float], confidence: float = 0.95, resamples: int = 10_000,
+                       seed: int = 0) -> tuple[float, float]:
+    """The percentile bootstrap interval of mean(``values``): the (1 - confidence)/2 and 1 - (1 - confidence)/2
+    quantiles of the means of ``resamples`` resamples with replacement (seeded)."""
+    rng, n = random.Random(seed), len(values)
+    means = sorted(statistics.fmean(rng.choices(values, k=n)) for _ in range(resamples))
     tail = (1 - confidence) / 2
-    low_index = int(math.floor(tail * (resamples - 1)))
-    high_index = int(math.ceil((1 - tail) * (resamples - 1)))
-    return PairedDifference(n, mean, sd, mean - half, mean + half, means[low_index], means[high_index])
+    return means[int(math.floor(tail * (resamples - 1)))], means[int(math.ceil((1 - tail) * (resamples - 1)))]
 
 
 def detectable_difference(sd: float, n: int, alpha: float = 0.05, power: float = 0.8) -> float:
