@@ -63,6 +63,20 @@ def probe_upstreams(config) -> list[str]:
     return [problem] if problem else []
 
 
+def pin_own_cluster(config, environ) -> None:
+    """A run told of no cluster (``RAY_ADDRESS`` unset and no ``ray_kwargs.ray_init.address``) starts its own: set
+    ``address=local``. Ray's default would join whichever cluster was last recorded on this machine (``ray start``
+    and ``ray.cluster_utils.Cluster`` write ``<RAY_TMPDIR or TMPDIR or /tmp>/ray/ray_current_cluster``), whose
+    resources are not this run's and which refuses the presets' ``num_cpus``/``num_gpus``."""
+    from omegaconf import open_dict
+
+    ray_init = config.ray_kwargs.ray_init
+    if environ.get("RAY_ADDRESS") or ray_init.get("address"):
+        return
+    with open_dict(ray_init):
+        ray_init.address = "local"
+
+
 def prepare(config, dry_run: bool):
     """Plan and validate ``config`` in place; returns the ``Plan``. Raises ``ConfigError``."""
     from verl.trainer import main_ppo as verl_main
@@ -113,6 +127,7 @@ def run(config, dry_run: bool = False, probe: bool = False) -> int:
 
     # The Ray cluster run_ppo starts inherits this: its processes leave the estimator and trainer modules to the
     # TaskRunner (igpo/plugin.py). Workers of a cluster joined with RAY_ADDRESS do not see it and import them all.
+    pin_own_cluster(config, os.environ)
     lazy = os.environ.get(LAZY_REGISTRATION_ENV)
     os.environ[LAZY_REGISTRATION_ENV] = "1"
     try:
