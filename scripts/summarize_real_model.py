@@ -16,7 +16,11 @@ Writes into ``<folder>``: ``summary.md``, ``validation.csv`` (method, seed, step
 bootstrap interval), ``steps.csv`` (the training curves), ``val_avg.png`` (held-out avg@k against step per method:
 each seed's line and the mean) and ``training.png`` (success, well-formed call share, tool calls, KL, entropy).
 
+With ``--pilot`` it reads the pilot instead (``<folder>/lr<rate>/runs/grpo-s0/``, the plan's P1 and P2) and applies
+the plan's rule for the learning rate and the step count; it writes ``<folder>/summary.md``.
+
 Usage: python scripts/summarize_real_model.py [--folder results/real_model/comparison] [--baseline grpo]
+       python scripts/summarize_real_model.py --pilot [--folder results/real_model/pilot]
 """
 
 from __future__ import annotations
@@ -101,11 +105,105 @@ def load(folder: Path) -> dict[str, list]:
     return runs
 
 
+# The plan's pilot: P1 is the current rate, P2 the higher one; the rule's margin, window and hour.
+PILOT_LOW, PILOT_HIGH = "1e-5", "5e-5"
+PILOT_MARGIN = 0.03
+PILOT_WINDOW = range(6, 11)
+HOUR_S, START_S, VALIDATION_STEPS, MIN_STEPS = 3600.0, 120.0, 16, 16
+
+
+def _mean(run_steps: dict, key: str, steps) -> float:
+    values = [run_steps[s][key] for s in steps if key in run_steps.get(s, {})]
+    return statistics.fmean(values) if values else math.nan
+
+
+def pilot_figures(run_dir: Path) -> dict:
+    """One pilot run's figures: success and well-formed call share (steps 6-10, and step 1), the medians of the step,
+    rollout and update times over steps 2-10, the single-outcome group share, KL and entropy at the end, health
+    warnings and peak memory."""
+    log = (run_dir / "train.log").read_text() if (run_dir / "train.log").is_file() else ""
+    if not log:
+        raise ValueError(f"{run_dir}: no train.log; run the pilot first (results/real_model/plan.md)")
+    steps = cm.parse_log(log)
+    trained = sorted(s for s, m in steps.items() if s > 0 and "critic/score/mean" in m)
+    timed = [s for s in trained if s >= 2]
+
+    def median(key):
+        values = [steps[s][key] for s in timed if key in steps[s]]
+        return statistics.median(values) if values else math.nan
+
+    peak = run_dir / "peak_rss_mb.txt"
+    return {"steps": len(trained),
+            "success_window": _mean(steps, "outcome/success_share", PILOT_WINDOW),
+            "success_1": _mean(steps, "outcome/success_share", [1]),
+            "wellformed_window": _mean(steps, "health/wellformed_call_share", PILOT_WINDOW),
+            "wellformed_1": _mean(steps, "health/wellformed_call_share", [1]),
+            "same_outcome": _mean(steps, "outcome/same_outcome_group_share", trained),
+            "kl_end": _mean(steps, "actor/kl_loss", trained[-1:]),
+            "entropy_1": _mean(steps, "actor/entropy", [1]), "entropy_end": _mean(steps, "actor/entropy", trained[-1:]),
+            "step_s": median("timing_s/step"), "gen_s": median("timing_s/gen"),
+            "update_s": median("timing_s/update_actor"),
+            "warnings": len(re.findall(r"igpo: warning:", log)),  # the health monitor writes them into the log
+            "peak_mb": float(peak.read_text()) if peak.is_file() else math.nan}
+
+
+def pilot_rule(low: dict, high: dict) -> tuple[str, int, str]:
+    """The plan's rule, fixed before the pilot: the higher rate if its success over steps 6-10 is at least the lower
+    one's + 0.03, its well-formed call share over steps 6-10 at least half its step 1's, and no health warning; the
+    step count N, the largest even number with N x median step + 3 validations (each 16 steps' rollout time) + 120 s
+    of start-up within an hour, at least 16. Returns (rate, N, the reason in words)."""
+    gains = high["success_window"] - low["success_window"]
+    kept_form = high["wellformed_window"] >= 0.5 * high["wellformed_1"]
+    if gains >= PILOT_MARGIN and kept_form and high["warnings"] == 0:
+        rate, chosen = PILOT_HIGH, high
+        why = (f"{PILOT_HIGH}: success over steps 6-10 {gains:+.3f} over {PILOT_LOW} (>= {PILOT_MARGIN}), well-formed "
+               f"share {high['wellformed_window']:.3f} >= half of step 1's {high['wellformed_1']:.3f}, no warning")
+    else:
+        rate, chosen = PILOT_LOW, low
+        failed = [f"success gain {gains:+.3f} < {PILOT_MARGIN}"] if not gains >= PILOT_MARGIN else []
+        failed += [] if kept_form else [f"well-formed share {high['wellformed_window']:.3f} < half of step 1's "
+                                        f"{high['wellformed_1']:.3f}"]
+        failed += [f"{high['warnings']} health warning(s)"] if high["warnings"] else []
+        why = f"{PILOT_LOW}: {PILOT_HIGH} fails the rule ({'; '.join(failed)})"
+    validation_s = VALIDATION_STEPS * chosen["gen_s"]
+    fit = int((HOUR_S - START_S - 3 * validation_s) // chosen["step_s"])
+    steps = max(MIN_STEPS, fit - fit % 2)
+    why += (f"; N = {steps} (median step {chosen['step_s']:.1f} s, a validation ~{validation_s:.0f} s: "
+            f"{steps} x {chosen['step_s']:.1f} + 3 x {validation_s:.0f} + {START_S:.0f} = "
+            f"{steps * chosen['step_s'] + 3 * validation_s + START_S:.0f} s)")
+    return rate, steps, why
+
+
+def pilot(folder: Path) -> list[str]:
+    """The pilot's summary lines (and ``<folder>/summary.md``)."""
+    runs = {rate: pilot_figures(folder / f"lr{rate}" / "runs" / "grpo-s0") for rate in (PILOT_LOW, PILOT_HIGH)}
+    rate, steps, why = pilot_rule(runs[PILOT_LOW], runs[PILOT_HIGH])
+    lines = ["# SmolLM2 pilot: GRPO seed 0, 10 steps at 4 x 4, validation off (results/real_model/plan.md)", "",
+             f"Written by `scripts/summarize_real_model.py --pilot` on "
+             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.", "",
+             "| learning rate | steps | success step 1 | success 6-10 | well-formed step 1 | well-formed 6-10 | "
+             "single-outcome groups | KL end | entropy 1 -> end | median step s | rollout s | update s | warnings | "
+             "peak MB |", "|" + "---|" * 14]
+    for name, f in runs.items():
+        lines.append(f"| {name} | {f['steps']} | {f['success_1']:.3f} | {f['success_window']:.3f} | "
+                     f"{f['wellformed_1']:.3f} | {f['wellformed_window']:.3f} | {f['same_outcome']:.3f} | "
+                     f"{f['kl_end']:.4f} | {f['entropy_1']:.3f} -> {f['entropy_end']:.3f} | {f['step_s']:.1f} | "
+                     f"{f['gen_s']:.1f} | {f['update_s']:.1f} | {f['warnings']} | {f['peak_mb']:.0f} |")
+    lines += ["", f"**The plan's rule**: learning rate {why}.", ""]
+    (folder / "summary.md").write_text("\n".join(lines) + "\n")
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--folder", type=Path, default=ROOT / "results" / "real_model" / "comparison")
+    parser.add_argument("--folder", type=Path, default=None)
     parser.add_argument("--baseline", default="grpo")
+    parser.add_argument("--pilot", action="store_true", help="read the pilot (P1, P2) and apply the plan's rule")
     args = parser.parse_args()
+    if args.pilot:
+        print("\n".join(pilot(args.folder or ROOT / "results" / "real_model" / "pilot")))
+        return
+    args.folder = args.folder or ROOT / "results" / "real_model" / "comparison"
     if not (args.folder / "runs").is_dir():
         parser.error(f"--folder {args.folder}: no runs/ folder (run scripts/compare_methods.py --validation-dumps "
                      "--out <folder> first)")

@@ -63,3 +63,44 @@ def test_the_summary_borrows_the_baselines_before_and_applies_the_learning_rule(
     rows = (tmp_path / "validation.csv").read_text().splitlines()
     assert any(r.startswith("igpo,0,0,0.0625") for r in rows)  # before: grpo's step-0 dump at seed 0
     assert (tmp_path / "val_avg.png").is_file() and (tmp_path / "training.png").is_file()
+
+
+def pilot_run(folder: Path, rate: str, success: list[float], wellformed: list[float], warning: bool = False) -> None:
+    run = folder / f"lr{rate}" / "runs" / "grpo-s0"
+    run.mkdir(parents=True)
+    lines = [f"(TaskRunner pid=1) step:{s} - critic/score/mean:{ok} - outcome/success_share:{ok} - "
+             f"health/wellformed_call_share:{form} - outcome/same_outcome_group_share:0.5 - actor/kl_loss:0.001 - "
+             f"actor/entropy:1.0 - timing_s/step:{100 + s} - timing_s/gen:60 - timing_s/update_actor:30"
+             for s, (ok, form) in enumerate(zip(success, wellformed), start=1)]
+    if warning:
+        lines.insert(5, "(TaskRunner pid=1) igpo: warning: step 5: the well-formed call share fell")
+    (run / "train.log").write_text("\n".join(lines) + "\n")
+    (run / "peak_rss_mb.txt").write_text("6000\n")
+
+
+def test_the_pilot_rule_takes_the_higher_rate_only_when_it_gains_keeps_its_form_and_stays_healthy(tmp_path):
+    figures = summary.pilot_figures  # read back from hand-made logs
+    pilot_run(tmp_path / "a", "1e-5", [0.1] * 10, [0.8] * 10)
+    pilot_run(tmp_path / "a", "5e-5", [0.1] * 5 + [0.14] * 5, [0.8] * 5 + [0.41] * 5)
+    rate, steps, why = summary.pilot_rule(figures(tmp_path / "a" / "lr1e-5" / "runs" / "grpo-s0"),
+                                          figures(tmp_path / "a" / "lr5e-5" / "runs" / "grpo-s0"))
+    # Median step over steps 2-10 = 106 s; a validation = 16 x 60 s: (3600 - 120 - 2880) // 106 = 5 -> at least 16.
+    assert rate == "5e-5" and steps == 16, why
+    # Below the margin, form lost, or a warning: the lower rate.
+    pilot_run(tmp_path / "b", "1e-5", [0.1] * 10, [0.8] * 10)
+    pilot_run(tmp_path / "b", "5e-5", [0.1] * 5 + [0.125] * 5, [0.8] * 10)
+    pilot_run(tmp_path / "c", "1e-5", [0.1] * 10, [0.8] * 10)
+    pilot_run(tmp_path / "c", "5e-5", [0.1] * 5 + [0.2] * 5, [0.8] * 5 + [0.39] * 5)
+    pilot_run(tmp_path / "d", "1e-5", [0.1] * 10, [0.8] * 10)
+    pilot_run(tmp_path / "d", "5e-5", [0.1] * 5 + [0.2] * 5, [0.8] * 10, warning=True)
+    for case, reason in (("b", "success gain +0.025"), ("c", "well-formed share 0.390"), ("d", "1 health warning")):
+        lines = summary.pilot(tmp_path / case)
+        assert "learning rate 1e-5: 5e-5 fails the rule" in "\n".join(lines) and reason in "\n".join(lines), lines
+    assert (tmp_path / "d" / "summary.md").read_text().count("| 5e-5 | 10 |") == 1
+
+
+def test_the_step_count_fills_the_hour():
+    fast = {"step_s": 40.0, "gen_s": 20.0, "success_window": 0.1, "wellformed_window": 0.8, "wellformed_1": 0.8,
+            "warnings": 0}
+    _, steps, _ = summary.pilot_rule(fast, dict(fast))
+    assert steps == 62  # (3600 - 120 - 3 x 320) // 40 = 63 -> the largest even, 62
