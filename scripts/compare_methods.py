@@ -115,6 +115,13 @@ def parse_log(text: str) -> dict[int, dict[str, float]]:
     return steps
 
 
+def model_digest(run: Run) -> str | None:
+    """The demo model's digest the launcher printed into the run's console.log (``demo model sha256 <16 hex>``)."""
+    console = run.directory / "console.log"
+    found = re.search(r"demo model sha256 ([0-9a-f]{16})", console.read_text()) if console.is_file() else None
+    return found.group(1) if found else None
+
+
 def tool_calls_per_trajectory(metrics: dict[str, float]) -> float:
     """Tool turns per training trajectory: assistant turns minus the answer turn (``igpo/turns_mean`` - 1), the same
     measure for every method (the tool server's ``tools/calls`` also counts the validation rollouts)."""

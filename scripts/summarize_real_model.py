@@ -98,9 +98,7 @@ def load(folder: Path) -> dict[str, list]:
         run.dumps = {int(p.stem): question_scores(read_dump(p)) for p in (directory / "validation").glob("*.jsonl")}
         peak = directory / "peak_rss_mb.txt"
         run.peak_mb = float(peak.read_text()) if peak.is_file() else math.nan
-        console = directory / "console.log"
-        found = re.search(r"demo model sha256 ([0-9a-f]{16})", console.read_text()) if console.is_file() else None
-        run.digest = found.group(1) if found else None
+        run.digest = cm.model_digest(run)
         runs.setdefault(method, []).append(run)
     return runs
 

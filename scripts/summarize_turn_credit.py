@@ -89,12 +89,6 @@ def val_metrics(run) -> dict[str, float]:
     return out
 
 
-def model_digest(run) -> str | None:
-    console = run.directory / "console.log"
-    found = re.search(r"demo model sha256 ([0-9a-f]{16})", console.read_text()) if console.is_file() else None
-    return found.group(1) if found else None
-
-
 def turn_rows(run) -> list[list]:
     """One row per turn of every trajectory in the run's trajectory log (empty without one)."""
     from igpo.integration.trajectory_log import read_step, token_advantages
@@ -130,7 +124,7 @@ def fmt(value: float, digits: int = 3, sign: bool = False) -> str:
 
 def checks(runs: dict[str, list], baseline: str, gate: str, steps: int, folder: Path) -> list[str]:
     lines = ["## Checks the plan fixes", ""]
-    digests = {model_digest(r) for group in runs.values() for r in group}
+    digests = {cm.model_digest(r) for group in runs.values() for r in group}
     lines.append(f"- Model digest: {', '.join(sorted(str(d) for d in digests))} (expected {EXPECTED_MODEL}): "
                  + ("**as expected**." if digests == {EXPECTED_MODEL} else "**NOT as expected**: the comparison "
                     "stops until this is explained."))
