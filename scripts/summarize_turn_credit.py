@@ -162,6 +162,10 @@ def checks(runs: dict[str, list], baseline: str, gate: str, steps: int, folder: 
         log = earlier / f"{baseline}-s{run.seed}" / "train.log"
         if run.seed > 1 or not log.is_file():
             continue
+        here, there = batch_layout(run.directory), batch_layout(log.parent)
+        if here != there:  # another regime: nothing to repeat
+            repeats.append(f"seed {run.seed}: not applicable (batch {here} here, {there} there)")
+            continue
         old = cm.parse_log(log.read_text())
         same = all(old.get(s, {}).get(k) == run.steps.get(s, {}).get(k)
                    for s in range(1, steps + 1) for k in ("critic/score/mean", "igpo/turns_mean"))
@@ -170,6 +174,13 @@ def checks(runs: dict[str, list], baseline: str, gate: str, steps: int, folder: 
         lines.append(f"- {baseline} against chain_compare_v2's runs at the same seed (training score and turns at "
                      f"steps 1-{steps}; only the validation's sample count differs): {'; '.join(repeats)}.")
     return lines + [""]
+
+
+def batch_layout(directory: Path) -> str | None:
+    """The run's prompts x rollouts as the launcher's plan line printed it (``batch 16x4``) into console.log."""
+    console = directory / "console.log"
+    found = re.search(r"batch (\d+x\d+)", console.read_text()) if console.is_file() else None
+    return found.group(1) if found else None
 
 
 def contrast_line(name: str, values: list[float], base: list[float], level: float | None = None) -> tuple:

@@ -1,0 +1,46 @@
+"""scripts/summarize_turn_credit.py on the committed logs of the oracle gate's regime A (results/turn_credit/gate_A):
+its figures come back to the digit from the runs' own train.log files, and the repeat check against
+chain_compare_v2 applies only to runs of the same batch layout."""
+
+import importlib.util
+import shutil
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+spec = importlib.util.spec_from_file_location("summarize_turn_credit", ROOT / "scripts" / "summarize_turn_credit.py")
+summary = importlib.util.module_from_spec(spec)
+sys.modules["summarize_turn_credit"] = summary
+spec.loader.exec_module(summary)
+
+COMMITTED = ROOT / "results" / "turn_credit"
+
+
+def _summarise(tmp_path: Path, monkeypatch, comparison: str) -> str:
+    folder = tmp_path / "turn_credit"
+    folder.mkdir()
+    for name in ("plan.md", "calibration.json", "calibration.txt"):
+        shutil.copy(COMMITTED / name, folder / name)
+    shutil.copytree(COMMITTED / "gate_A" / "runs", folder / comparison / "runs")
+    monkeypatch.setattr("sys.argv", ["summarize_turn_credit.py", "--folder", str(folder), "--comparisons", comparison])
+    summary.main()
+    return (folder / "summary.md").read_text()
+
+
+def test_gate_a_is_summarised_again_from_its_committed_logs(tmp_path, monkeypatch, capsys):
+    text = _summarise(tmp_path, monkeypatch, "gate_A")
+    committed = (COMMITTED / "summary.md").read_text()
+    gate = next(line for line in committed.splitlines() if line.startswith("- Difference "))
+    assert gate.startswith("- Difference -0.037 [-0.061, -0.014]") and gate in text, text
+    assert "**The gate does not pass**" in text
+    assert "seed 0: identical; seed 1: identical" in text  # GRPO seeds 0-1 repeat chain_compare_v2 (8x8 both)
+    assert "Model digest: 607a9ea80d998160 (expected 607a9ea80d998160): **as expected**" in text
+
+
+def test_the_repeat_check_is_not_applied_across_batch_layouts(tmp_path):
+    run = tmp_path / "grpo-s0"
+    run.mkdir()
+    (run / "console.log").write_text("igpo: plan: CPU backend (FSDP2 on gloo, rollout hf); batch 16x4; ...\n")
+    assert summary.batch_layout(run) == "16x4"
+    assert summary.batch_layout(COMMITTED / "gate_A" / "runs" / "grpo-s0") == "8x8"
+    assert summary.batch_layout(tmp_path) is None
