@@ -79,6 +79,9 @@ METHODS: dict[str, list[str]] = {
                       "algorithm.igpo.norm_group=group_turn"],
     # The positive control: the demo world's hops as turn reward in IGPO's pipeline (docs/methods/oracle.md).
     "oracle": ["algorithm.adv_estimator=oracle"],
+    # An exploratory variant of the positive control (not in results/turn_credit/plan.md's gate): the hop rewards
+    # discounted into returns with the outcome before the z-score, so the outcome stays in every turn's return.
+    "oracle_after_discount": ["algorithm.adv_estimator=oracle", "algorithm.igpo.norm_order=after_discount"],
     # Information gain against a random document in the result's place (docs/methods/ig_search.md).
     "ig_search": ["algorithm.adv_estimator=ig_search"],
     # Potential-based shaping with the frozen reference policy as teacher (docs/methods/tips.md; needs the KL loss on,

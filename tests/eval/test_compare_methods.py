@@ -196,6 +196,8 @@ def test_sampled_validation_and_the_telescoped_igpo_row_are_overrides(monkeypatc
                                                     "actor_rollout_ref.rollout.val_kwargs.do_sample=true"]
     assert compare.METHODS["igpo_telescoped"] == ["algorithm.adv_estimator=igpo",
                                                   "algorithm.igpo.norm_order=after_discount", "algorithm.gamma=1.0"]
+    assert compare.METHODS["oracle_after_discount"] == ["algorithm.adv_estimator=oracle",
+                                                        "algorithm.igpo.norm_order=after_discount"]
     monkeypatch.setattr("sys.argv", ["compare_methods.py", "--val-samples", "0"])
     with pytest.raises(SystemExit):
         compare.main()
