@@ -118,11 +118,16 @@ def parse_log(text: str) -> dict[int, dict[str, float]]:
     return steps
 
 
-def model_digest(run: Run) -> str | None:
-    """The demo model's digest the launcher printed into the run's console.log (``demo model sha256 <16 hex>``)."""
-    console = run.directory / "console.log"
-    found = re.search(r"demo model sha256 ([0-9a-f]{16})", console.read_text()) if console.is_file() else None
+def console_value(directory: Path, pattern: str) -> str | None:
+    """The first group of ``pattern`` in what the launcher printed into the run's console.log (None without one)."""
+    console = directory / "console.log"
+    found = re.search(pattern, console.read_text()) if console.is_file() else None
     return found.group(1) if found else None
+
+
+def model_digest(run: Run) -> str | None:
+    """The demo model's digest the launcher printed (``demo model sha256 <16 hex>``)."""
+    return console_value(run.directory, r"demo model sha256 ([0-9a-f]{16})")
 
 
 def tool_calls_per_trajectory(metrics: dict[str, float]) -> float:

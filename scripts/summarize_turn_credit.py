@@ -177,10 +177,8 @@ def checks(runs: dict[str, list], baseline: str, gate: str, steps: int, folder: 
 
 
 def batch_layout(directory: Path) -> str | None:
-    """The run's prompts x rollouts as the launcher's plan line printed it (``batch 16x4``) into console.log."""
-    console = directory / "console.log"
-    found = re.search(r"batch (\d+x\d+)", console.read_text()) if console.is_file() else None
-    return found.group(1) if found else None
+    """The run's prompts x rollouts as the launcher's plan line printed it (``batch 16x4``)."""
+    return cm.console_value(directory, r"batch (\d+x\d+)")
 
 
 def contrast_line(name: str, values: list[float], base: list[float], level: float | None = None) -> tuple:
