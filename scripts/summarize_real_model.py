@@ -89,6 +89,12 @@ def fmt(triple: tuple[float, float, float], sign: bool = False) -> str:
     return f"{mean:{s}.3f} [{low:{s}.3f}, {high:{s}.3f}]"
 
 
+def peak_mb(directory: Path) -> float:
+    """The run's peak process-tree memory that compare_methods wrote (``peak_rss_mb.txt``); NaN for a run without."""
+    peak = directory / "peak_rss_mb.txt"
+    return float(peak.read_text()) if peak.is_file() else math.nan
+
+
 def load(folder: Path) -> dict[str, list]:
     runs: dict[str, list] = {}
     for directory in sorted((folder / "runs").glob("*-s*")):
@@ -96,8 +102,7 @@ def load(folder: Path) -> dict[str, list]:
         run = cm.Run(method, int(seed), directory)
         run.steps = cm.parse_log((directory / "train.log").read_text()) if (directory / "train.log").is_file() else {}
         run.dumps = {int(p.stem): question_scores(read_dump(p)) for p in (directory / "validation").glob("*.jsonl")}
-        peak = directory / "peak_rss_mb.txt"
-        run.peak_mb = float(peak.read_text()) if peak.is_file() else math.nan
+        run.peak_mb = peak_mb(directory)
         run.digest = cm.model_digest(run)
         runs.setdefault(method, []).append(run)
     return runs
@@ -130,7 +135,6 @@ def pilot_figures(run_dir: Path) -> dict:
         values = [steps[s][key] for s in timed if key in steps[s]]
         return statistics.median(values) if values else math.nan
 
-    peak = run_dir / "peak_rss_mb.txt"
     return {"steps": len(trained),
             "success_window": _mean(steps, "outcome/success_share", PILOT_WINDOW),
             "success_1": _mean(steps, "outcome/success_share", [1]),
@@ -142,7 +146,7 @@ def pilot_figures(run_dir: Path) -> dict:
             "step_s": median("timing_s/step"), "gen_s": median("timing_s/gen"),
             "update_s": median("timing_s/update_actor"),
             "warnings": len(re.findall(r"igpo: warning:", log)),  # the health monitor writes them into the log
-            "peak_mb": float(peak.read_text()) if peak.is_file() else math.nan}
+            "peak_mb": peak_mb(run_dir)}
 
 
 def pilot_rule(low: dict, high: dict) -> tuple[str, int, str]:
