@@ -1,8 +1,9 @@
 """What our trainer modes save beside verl's checkpoint (``igpo_state.json``: the method's state, the health monitor,
-the infra breaker), the one-line report that shows a resume restored it, and the line that says what a resume does with
-the rollout that was in flight: verl saves TransferQueue with the checkpoint in every mode but its plain ``sync``
-(ours included), so finished trajectories not yet trained come back as they were, and prompts still being generated
-are generated again from their prompts on the resumed weights (their partial trajectories are dropped)."""
+the infra breaker, the prompts' numbering that seeds their sampling), the one-line report that shows a resume restored
+it, and the line that says what a resume does with the rollout that was in flight: verl saves TransferQueue with the
+checkpoint in every mode but its plain ``sync`` (ours included), so finished trajectories not yet trained come back as
+they were, and prompts still being generated are generated again from their prompts on the resumed weights (their
+partial trajectories are dropped)."""
 
 from __future__ import annotations
 
@@ -42,6 +43,7 @@ class CheckpointState:
         return {"global_step": self.global_steps, **self.method.report(self.global_steps, self.total_training_steps),
                 "dataloader": {"batches": data.get("_num_yielded"),
                                "samples": (data.get("_sampler_iter_state") or {}).get("samples_yielded")},
+                "prompts_fetched": self._prompts_fetched,
                 "actor_digests": [r["digest"] for r in ranks]}
 
     def _save_checkpoint(self):
@@ -54,8 +56,9 @@ class CheckpointState:
         path = os.path.join(folder, STATE_FILE)
         report = self._checkpoint_report()
         with open(path + ".tmp", "w") as handle:
-            json.dump({**self.method.state_dict(), "health": self.health.state(),
-                       "infra_breaker": self.infra_breaker.state(), "saved": report}, handle)
+            json.dump({**self.method.state_dict(), "prompts_fetched": self._prompts_fetched,
+                       "health": self.health.state(), "infra_breaker": self.infra_breaker.state(), "saved": report},
+                      handle)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(path + ".tmp", path)
@@ -82,11 +85,15 @@ class CheckpointState:
             with open(path) as handle:
                 state = json.load(handle)
             self.method.load_state_dict(state)
+            # The prompts' uids seed their sampling (TurnLevelTrainer._fetch_one_gen_batch): numbering on from where
+            # the checkpoint left off makes the resumed steps sample what the uninterrupted run sampled.
+            self._prompts_fetched = int(state.get("prompts_fetched", 0))
             self.health.load(state.get("health", {}))
             self.infra_breaker.load(state.get("infra_breaker", {}))
         else:
-            logger.warning("igpo: no %s in %s; the method's state (IGPO's warm-up gate), the health monitor and the "
-                           "infra breaker restart from scratch", STATE_FILE, folder)
+            logger.warning("igpo: no %s in %s; the method's state (IGPO's warm-up gate), the health monitor, the "
+                           "infra breaker and the prompts' numbering (their sampling seeds) restart from scratch",
+                           STATE_FILE, folder)
         logger.warning("igpo: resumed from %s: %s", folder, json.dumps(self._checkpoint_report(), sort_keys=True))
 
     def _reissue_inflight_prompts(self, partition_id: str = "train") -> int:

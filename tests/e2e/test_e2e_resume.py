@@ -44,6 +44,12 @@ def _prompts(rollouts, step: int) -> list[str]:
     return sorted(json.loads(line)["input"] for line in lines)
 
 
+def _trajectories(rollouts, step: int) -> list[tuple[str, str]]:
+    """Step ``step``'s (prompt, sampled response) pairs, order-free."""
+    lines = (rollouts / f"{step}.jsonl").read_text().splitlines()
+    return sorted((json.loads(line)["input"], json.loads(line)["output"]) for line in lines)
+
+
 def _check_run_a(out: str, log: str, faults: ShareFailing, upstream: InProcessServer, checkpoints) -> dict:
     """The rehearsal and the breaker; returns run A's checkpoint reports by step."""
     assert "igpo: step:1" in out and "igpo: step:2/3" in out and "igpo: step:3/3" not in out, out[-3000:]
@@ -91,6 +97,10 @@ def _check_run_b(log_b: str, saved: dict, tmp_path, checkpoints) -> None:
     assert "step:1 -" not in log_b and "step:2 -" in log_b, "the resumed run did not continue at step 2"
     # The dataloader position, seen from the data: the resumed step 2 trains the prompts run A trained at step 2.
     assert _prompts(tmp_path / "b" / "rollouts", 2) == _prompts(tmp_path / "a" / "rollouts", 2)
+    # And samples what run A sampled there: the prompts' numbering, which seeds their sampling, was restored (from
+    # scratch, step 2's prompts would be numbered from 0 and draw other samples), and the retriever fails the same
+    # queries in both runs.
+    assert _trajectories(tmp_path / "b" / "rollouts", 2) == _trajectories(tmp_path / "a" / "rollouts", 2)
     # Run B re-saved step 2 over the orphaned state file, now with verl's part complete.
     assert (checkpoints / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
     assert json.loads((checkpoints / "global_step_2" / "igpo_state.json").read_text())["saved"] == \
