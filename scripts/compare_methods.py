@@ -21,7 +21,7 @@ Outputs (``--out``, default ``results/cpu_compare``):
                   ``outcome/success_share``, averaged over the second half of the run's steps), the baseline's at the
                   same seed, and their difference
     train_success.png  the primary metric per step: the mean over seeds per method, with the 95% t interval shaded
-    runs/<method>-s<seed>/   each run's train.log and tool-server log (checkpoints are not kept)
+    runs/<method>-s<seed>/   each run's train.log and tool-server log (checkpoints are deleted when it finishes)
 
 The summary opens with the primary measure: each method's per-seed values, and its paired difference against
 ``--baseline`` (GRPO) with a 95% paired t interval and a bootstrap interval beside it (``igpo/eval/paired.py``); then the
@@ -34,6 +34,9 @@ Usage:
     python scripts/compare_methods.py --val-samples 4 --val-temperature 1.0 ...   # sampled validation, avg@4
 Everything after ``--`` is passed to every run (Hydra overrides). A failed run stops the script with its log tail;
 ``--resume`` keeps finished runs (a run directory with a parsed final step) and runs only the missing ones.
+``--checkpoint-every K`` saves every run's state every K steps; ``--resume`` then continues a stopped run from its last
+checkpoint (the steps after it are trained again) instead of starting it over: runs longer than a sitting finish over
+several. A run started over begins in an empty directory.
 ``--jobs 2`` runs two at a time (each run's torch work is single-threaded, the rest is mostly serial Python and
 process start-up): about 1.35x the throughput on 2 cores, the same results (every training metric of a run at a seed is
 identical alone or beside another); the wall time reported is the union of the runs' intervals.
@@ -44,9 +47,11 @@ from __future__ import annotations
 import argparse
 import csv
 import hashlib
+import json
 import math
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import threading
@@ -90,6 +95,12 @@ METHODS: dict[str, list[str]] = {
 }
 PRIMARY = "outcome/success_share"
 STEP_LINE = re.compile(r"step:(\d+) - (.*)")
+# The line a continued run's logs carry where a new segment begins: its steps after the checkpoint replace the earlier
+# segment's (trained again from the checkpoint's state).
+RESUMED = "compare_methods: resumed from the checkpoint of step {}"
+RESUMED_LINE = re.compile(r"^compare_methods: resumed from the checkpoint of step (\d+)$")
+# The files every launch writes afresh; a continued run keeps the earlier segments' text in front of the new one's.
+SEGMENTED = ("train.log", "console.log", "tool_server.log")
 METRIC = re.compile(r"([A-Za-z0-9_@/\-.]+):(-?[0-9.]+(?:[eE][-+]?[0-9]+)?|nan|inf)")
 
 
@@ -99,18 +110,24 @@ class Run:
     seed: int
     directory: Path
     wall_s: float = math.nan
-    # Wall-clock seconds since the epoch at the run's start and end: the comparison's wall time is the union of these
-    # intervals (runs overlap under --jobs 2; a --resume spans sessions). NaN for a run kept from before they existed.
-    started: float = math.nan
-    ended: float = math.nan
+    # (start, end) in wall-clock seconds since the epoch of each of the run's segments (one, or one per launch of a run
+    # continued from its checkpoints): the comparison's wall time is the union of every run's intervals (runs overlap
+    # under --jobs 2; a --resume spans sessions). Empty for a run kept from before they were recorded.
+    intervals: list[tuple[float, float]] = field(default_factory=list)
     steps: dict[int, dict[str, float]] = field(default_factory=dict)
 
 
 def parse_log(text: str) -> dict[int, dict[str, float]]:
     """Metrics per global step from verl's console lines (``step:N - key:value - key:value ...``); a step's
-    validation line and training line are merged."""
+    validation line and training line are merged. In the log of a continued run (``RESUMED`` lines), the steps an
+    earlier segment logged after the checkpoint the next one resumed from are dropped: the next segment trains them
+    again."""
     steps: dict[int, dict[str, float]] = {}
     for line in text.splitlines():
+        resumed = RESUMED_LINE.match(line)
+        if resumed:
+            steps = {step: metrics for step, metrics in steps.items() if step <= int(resumed.group(1))}
+            continue
         match = STEP_LINE.search(line)
         if match:
             metrics = steps.setdefault(int(match.group(1)), {})
@@ -201,40 +218,119 @@ class PeakMemory:
             self.peak_bytes = max(self.peak_bytes, total)
 
 
+def checkpoint_step(directory: Path) -> int:
+    """The step of the run's last complete checkpoint: verl's pointer, ``checkpoints/latest_checkpointed_iteration.txt``,
+    which it moves only after a save finished (0: none)."""
+    pointer = directory / "checkpoints" / "latest_checkpointed_iteration.txt"
+    return int(pointer.read_text().strip()) if pointer.is_file() else 0
+
+
+def read_intervals(directory: Path) -> list[tuple[float, float]]:
+    """The run's segments from ``interval.txt`` (a line "start end" each); a line with only its start is a segment
+    that was stopped from outside (the session ended, the machine went down): it is closed at its train.log's last
+    write, the last thing it did."""
+    path = directory / "interval.txt"
+    intervals = []
+    for line in (path.read_text().splitlines() if path.is_file() else []):
+        values = [float(v) for v in line.split()]
+        if len(values) == 1:
+            log = directory / "train.log"
+            values.append(log.stat().st_mtime if log.is_file() else values[0])
+        intervals.append((values[0], values[1]))
+    return intervals
+
+
+def _write_intervals(directory: Path, intervals: list[tuple[float, float]], open_start: float | None = None) -> None:
+    lines = [f"{start:.1f} {end:.1f}" for start, end in intervals] + ([f"{open_start:.1f}"] if open_start else [])
+    (directory / "interval.txt").write_text("".join(line + "\n" for line in lines))
+
+
+def _begin_segment(directory: Path, step: int) -> list[tuple[float, float]]:
+    """Before a run continues from its checkpoint of ``step``: each file a launch writes afresh moves to
+    ``<name>.earlier``, after the earlier segments' text, followed by the ``RESUMED`` line; returns the earlier
+    segments' intervals (the stopped one closed)."""
+    intervals = read_intervals(directory)
+    for name in SEGMENTED:
+        earlier, current = directory / f"{name}.earlier", directory / name
+        text = (earlier.read_text() if earlier.is_file() else "") + (current.read_text() if current.is_file() else "")
+        earlier.write_text(text + RESUMED.format(step) + "\n")
+        current.unlink(missing_ok=True)
+    return intervals
+
+
+def _join_segments(directory: Path) -> None:
+    """After a continued run finished: every segmented file holds its segments in order, as one log."""
+    for name in SEGMENTED:
+        earlier, current = directory / f"{name}.earlier", directory / name
+        if earlier.is_file():
+            current.write_text(earlier.read_text() + (current.read_text() if current.is_file() else ""))
+            earlier.unlink()
+
+
 def run_one(run: Run, steps: int, val_every: int, extra: list[str], timeout_s: float, val_before: bool = True,
-            trajectories: bool = False, validation_dumps: bool = False) -> None:
+            trajectories: bool = False, validation_dumps: bool = False, checkpoint_every: int = 0,
+            resume: bool = False) -> None:
     """One ``train_igpo.sh`` run into ``run.directory``. ``val_before``: validate before step 1; ``trajectories``:
     the trajectory log (``trainer.trajectory_dir``: every step's trajectories, per-turn records and the applied
     advantages) into ``run.directory/trajectories``; ``validation_dumps``: verl's validation generations with their
     scores per question (``trainer.validation_data_dir``) into ``run.directory/validation``. The run's peak memory
-    (``PeakMemory``) goes to ``peak_rss_mb.txt``."""
+    (``PeakMemory``) goes to ``peak_rss_mb.txt``. ``checkpoint_every`` > 0: a checkpoint every that many steps in
+    ``run.directory/checkpoints`` (the last one only; deleted when the run finishes); with ``resume`` a run that has one
+    continues from it (no validation before its first step: the first segment's is in the log), else the run starts
+    over in an emptied directory. The process's output streams into ``console.log``."""
+    resume_from = checkpoint_step(run.directory) if checkpoint_every and resume else 0
+    if resume_from:
+        earlier = _begin_segment(run.directory, resume_from)
+        checkpoint = run.directory / "checkpoints" / f"global_step_{resume_from}"
+        where = ["trainer.resume_mode=resume_path", f"trainer.resume_from_path={checkpoint}"]
+    else:
+        shutil.rmtree(run.directory, ignore_errors=True)  # nothing of a stopped attempt mixes into the new one
+        earlier, where = [], ["trainer.resume_mode=disable"]
     run.directory.mkdir(parents=True, exist_ok=True)
     overrides = METHODS[run.method] + [
-        f"trainer.total_training_steps={steps}", f"trainer.val_before_train={'true' if val_before else 'false'}",
+        f"trainer.total_training_steps={steps}",
+        f"trainer.val_before_train={'true' if val_before and not resume_from else 'false'}",
         f"trainer.test_freq={val_every}",
         # One seed feeds every random source (configs/igpo_base.yaml): methods at the same seed share step 1.
-        f"seed={run.seed}", "trainer.save_freq=-1",
-    ] + ([f"trainer.trajectory_dir={run.directory / 'trajectories'}"] if trajectories else []) + (
+        f"seed={run.seed}", f"trainer.save_freq={checkpoint_every or -1}", *where,
+    ] + (["trainer.max_actor_ckpt_to_keep=1"] if checkpoint_every else []) + (
+        [f"trainer.trajectory_dir={run.directory / 'trajectories'}"] if trajectories else []) + (
         [f"trainer.validation_data_dir={run.directory / 'validation'}"] if validation_dumps else []) + extra
     env = {**os.environ, "OUTPUT_DIR": str(run.directory), "IGPO_DEVICE": "cpu"}
     env.pop("TOOL_SERVER_URL", None)
-    run.started, start = time.time(), time.monotonic()
-    with PeakMemory(run.directory) as memory:
+    started = time.time()
+    _write_intervals(run.directory, earlier, open_start=started)
+    console = run.directory / "console.log"
+    with PeakMemory(run.directory) as memory, console.open("w") as output:
         proc = subprocess.run(["bash", str(ROOT / "train_igpo.sh"), *overrides], cwd=ROOT, env=env, text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout_s)
+                              stdout=output, stderr=subprocess.STDOUT, timeout=timeout_s)
+    peak_file = run.directory / "peak_rss_mb.txt"
+    peaks = [float(peak_file.read_text())] if peak_file.is_file() else []  # an earlier segment's
     if memory.peak_bytes:
-        (run.directory / "peak_rss_mb.txt").write_text(f"{memory.peak_bytes / 2**20:.0f}\n")
-    run.wall_s, run.ended = time.monotonic() - start, time.time()
-    (run.directory / "console.log").write_text(proc.stdout)
+        peaks.append(memory.peak_bytes / 2**20)
+    if peaks:
+        peak_file.write_text(f"{max(peaks):.0f}\n")
+    run.intervals = earlier + [(started, time.time())]
+    _write_intervals(run.directory, run.intervals)
+    segment = console.read_text()
     if proc.returncode != 0:
         raise SystemExit(f"compare: {run.method} seed {run.seed} failed (exit {proc.returncode}); its output ends:\n"
-                         + "\n".join(proc.stdout.splitlines()[-25:]))
+                         + "\n".join(segment.splitlines()[-25:]))
+    if resume_from:
+        log = (run.directory / "train.log").read_text()
+        reports = [json.loads(m) for m in re.findall(r"igpo: resumed from \S+: (\{.*\})", log)]
+        if not reports or reports[-1].get("global_step") != resume_from:
+            raise SystemExit(f"compare: {run.method} seed {run.seed} was to continue from its checkpoint of step "
+                             f"{resume_from} but its log reports {reports[-1:] or 'no resume'}; see "
+                             f"{run.directory / 'train.log'}")
+        _join_segments(run.directory)
     run.steps = parse_log((run.directory / "train.log").read_text())
     if steps not in run.steps:
         raise SystemExit(f"compare: {run.method} seed {run.seed} exited 0 but logged no step {steps}; see "
                          f"{run.directory / 'train.log'}")
+    shutil.rmtree(run.directory / "checkpoints", ignore_errors=True)
+    run.wall_s = sum(end - start for start, end in run.intervals)
     (run.directory / "wall_s.txt").write_text(f"{run.wall_s:.1f}\n")
-    (run.directory / "interval.txt").write_text(f"{run.started:.1f} {run.ended:.1f}\n")
 
 
 def load_finished(run: Run, steps: int) -> bool:
@@ -245,18 +341,16 @@ def load_finished(run: Run, steps: int) -> bool:
     if steps not in parsed:
         return False
     run.steps, run.wall_s = parsed, float(wall.read_text())
-    interval = run.directory / "interval.txt"
-    if interval.is_file():
-        run.started, run.ended = (float(v) for v in interval.read_text().split())
+    run.intervals = read_intervals(run.directory)
     return True
 
 
 def comparison_wall_s(runs: list[Run]) -> float:
     """Seconds during which at least one run was going: the union of the runs' intervals, so overlapping runs
-    (``--jobs 2``) count once and the gaps between sessions of a ``--resume`` not at all. A run without an interval
+    (``--jobs 2``) count once and the gaps between sessions of a ``--resume`` not at all. A run without intervals
     (kept from an older version of this script) adds its own wall time."""
-    timed = sorted((r.started, r.ended) for r in runs if math.isfinite(r.started) and math.isfinite(r.ended))
-    total, reach = sum(r.wall_s for r in runs if not (math.isfinite(r.started) and math.isfinite(r.ended))), -math.inf
+    timed = sorted(interval for r in runs for interval in r.intervals)
+    total, reach = sum(r.wall_s for r in runs if not r.intervals), -math.inf
     for start, end in timed:
         if end > reach:
             total += end - max(start, reach)
@@ -610,7 +704,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20, help="training steps per run (the same for every method)")
     parser.add_argument("--val-every", type=int, default=10, help="validation every N steps (and before step 1)")
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "cpu_compare")
-    parser.add_argument("--resume", action="store_true", help="keep finished runs in --out/runs, run the rest")
+    parser.add_argument("--resume", action="store_true",
+                        help="keep finished runs in --out/runs, run the rest (with --checkpoint-every: a stopped run "
+                             "continues from its last checkpoint)")
+    parser.add_argument("--checkpoint-every", type=int, default=0, metavar="K",
+                        help="save each run's state every K steps (the last checkpoint only, deleted when the run "
+                             "finishes), so that --resume continues a stopped run; 0 (default): no checkpoints")
     parser.add_argument("--target", type=float, default=0.25,
                         help="the summary's primary figure: the first step at which each method's mean validation F1 "
                              "reaches this")
@@ -647,6 +746,8 @@ def main() -> None:
         parser.error(f"--seeds {args.seeds!r}: give comma-separated integers, e.g. 0,1,2")
     if args.steps < 1 or args.val_every < 1:
         parser.error("--steps and --val-every must be >= 1")
+    if args.checkpoint_every < 0:
+        parser.error(f"--checkpoint-every {args.checkpoint_every}: give a number of steps, or 0 for no checkpoints")
     try:  # checked before an hour of runs, not at the plot
         import matplotlib  # noqa: F401
     except ImportError:
@@ -669,13 +770,16 @@ def main() -> None:
             run = runs[method][seed_index]
             if args.resume and load_finished(run, args.steps):
                 print(f"compare: {method} seed {run.seed}: kept ({run.wall_s:.0f} s)", flush=True)
-            else:
-                queue.append(run)
+                continue
+            if args.resume and args.checkpoint_every and checkpoint_step(run.directory):
+                print(f"compare: {method} seed {run.seed}: continues from its checkpoint of step "
+                      f"{checkpoint_step(run.directory)}", flush=True)
+            queue.append(run)
 
     def run_and_report(run: Run) -> None:
         run_one(run, args.steps, args.val_every, args.extra, args.timeout,
                 val_before=args.val_before == "all" or run.method == args.baseline, trajectories=args.trajectories,
-                validation_dumps=args.validation_dumps)
+                validation_dumps=args.validation_dumps, checkpoint_every=args.checkpoint_every, resume=args.resume)
         final = run.steps[args.steps].get("val-core/all/f1", math.nan)
         print(f"compare: {run.method} seed {run.seed}: {run.wall_s:.0f} s, final validation F1 {final:.3f}", flush=True)
 

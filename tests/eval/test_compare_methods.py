@@ -129,7 +129,7 @@ def test_sample_efficiency_is_not_claimed_when_grpo_did_not_improve(tmp_path):
 
 def test_the_comparisons_wall_time_counts_overlapping_runs_once_and_gaps_not_at_all(tmp_path):
     def run(started, ended, wall):
-        return compare.Run("grpo", 0, tmp_path, wall_s=wall, started=started, ended=ended)
+        return compare.Run("grpo", 0, tmp_path, wall_s=wall, intervals=[(started, ended)])
 
     # Two at a time: 0-100 and 10-120 overlap (120 s in all); a later session resumes at 1000-1050 (the gap does not
     # count); a run kept from before intervals were recorded adds its own wall time (30 s).
@@ -137,6 +137,45 @@ def test_the_comparisons_wall_time_counts_overlapping_runs_once_and_gaps_not_at_
             compare.Run("igpo", 0, tmp_path, wall_s=30.0)]
     assert compare.comparison_wall_s(runs) == pytest.approx(120.0 + 50.0 + 30.0)
     assert compare.comparison_wall_s([run(0.0, 100.0, 100.0), run(100.0, 150.0, 50.0)]) == pytest.approx(150.0)
+    # A run continued over two sessions: its two segments, the gap between them not counted.
+    continued = compare.Run("grpo", 1, tmp_path, wall_s=150.0, intervals=[(0.0, 100.0), (5000.0, 5050.0)])
+    assert compare.comparison_wall_s([continued, run(20.0, 120.0, 100.0)]) == pytest.approx(120.0 + 50.0)
+
+
+def test_a_continued_runs_log_keeps_each_step_from_the_segment_that_trained_it_last():
+    # Segment 1 validated at 0, trained 1-3 and was stopped; its last checkpoint was step 2, so segment 2 trains step
+    # 3 again (different numbers) and then step 4.
+    log = LOG.replace("step:2 - val-core/all/f1:0.30", "step:2 - val-core/all/f1:0.31") + (
+        "(TaskRunner pid=1) step:3 - critic/score/mean:0.9 - extra/only_in_segment_1:1.0\n"
+        + compare.RESUMED.format(2) + "\n"
+        "(TaskRunner pid=2) step:3 - critic/score/mean:0.7\n"
+        "(TaskRunner pid=2) step:4 - critic/score/mean:0.8\n")
+    steps = compare.parse_log(log)
+    assert sorted(steps) == [0, 1, 2, 3, 4]
+    assert steps[2]["val-core/all/f1"] == 0.31 and steps[2]["critic/score/mean"] == 0.5
+    assert steps[3] == {"critic/score/mean": 0.7}  # nothing of segment 1's step 3 is left
+    # A resume line quoted inside another line is not a segment boundary.
+    assert 3 in compare.parse_log("step:3 - a:1\nsaid " + compare.RESUMED.format(2) + "\n")
+
+
+def test_a_stopped_runs_files_move_in_front_of_the_next_segment_and_join_after_it(tmp_path):
+    (tmp_path / "train.log").write_text("step:1 - a:1\nstep:2 - a:2\n")
+    (tmp_path / "console.log").write_text("first\n")
+    (tmp_path / "interval.txt").write_text("100.0 200.0\n300.0\n")  # the second segment was stopped from outside
+    stopped_at = (tmp_path / "train.log").stat().st_mtime
+    intervals = compare._begin_segment(tmp_path, 1)
+    assert intervals == [(100.0, 200.0), (300.0, pytest.approx(stopped_at, abs=0.1))]
+    assert not (tmp_path / "train.log").exists() and not (tmp_path / "tool_server.log").exists()
+    (tmp_path / "train.log").write_text("step:2 - a:5\n")
+    (tmp_path / "console.log").write_text("second\n")
+    compare._join_segments(tmp_path)
+    assert compare.parse_log((tmp_path / "train.log").read_text()) == {1: {"a": 1.0}, 2: {"a": 5.0}}
+    assert (tmp_path / "console.log").read_text() == "first\n" + compare.RESUMED.format(1) + "\nsecond\n"
+    assert not list(tmp_path.glob("*.earlier"))
+    assert compare.checkpoint_step(tmp_path) == 0
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "latest_checkpointed_iteration.txt").write_text("4\n")
+    assert compare.checkpoint_step(tmp_path) == 4
 
 
 def test_the_primary_measure_is_the_second_half_mean_paired_by_seed_against_grpo(tmp_path):
