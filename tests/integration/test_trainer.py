@@ -84,6 +84,7 @@ class _Trainer(RunControl, CheckpointState, _Verl):
         self.health = HealthMonitor()
         self.infra_breaker = InfraBreaker(InfraBreakerConfig())
         self.histograms = StepHistograms(enabled=False)
+        self._prompts_fetched = 0  # the trainer's prompt numbering (TurnLevelTrainer._fetch_one_gen_batch)
 
     @property
     def warmup(self):
@@ -236,6 +237,7 @@ def test_igpo_state_is_complete_before_verl_points_resume_at_the_step(tmp_path, 
     trainer.config = OmegaConf.create({"trainer": {"default_local_dir": str(tmp_path)}})
     trainer.global_steps = 3
     trainer.warmup.update(0.25)
+    trainer._prompts_fetched = 12  # three steps of four prompts
     _fake_checkpointed_parts(trainer)
     seen = {}
 
@@ -250,6 +252,7 @@ def test_igpo_state_is_complete_before_verl_points_resume_at_the_step(tmp_path, 
     assert seen["state"]["health"] == trainer.health.state()
     assert seen["state"]["infra_breaker"] == {"strikes": 0}
     assert seen["state"]["saved"]["global_step"] == 3
+    assert seen["state"]["prompts_fetched"] == seen["state"]["saved"]["prompts_fetched"] == 12
     assert not list(tmp_path.rglob("*.tmp"))
 
 

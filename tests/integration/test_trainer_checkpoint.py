@@ -10,7 +10,8 @@ from test_trainer import _Verl, _fake_checkpointed_parts, _trainer
 
 def _saved_gate(folder, ema: float) -> None:
     folder.mkdir(parents=True)
-    (folder / "igpo_state.json").write_text(json.dumps({"warmup_gate": {"ema": ema, "graduated": True}}))
+    (folder / "igpo_state.json").write_text(json.dumps({"warmup_gate": {"ema": ema, "graduated": True},
+                                                        "prompts_fetched": round(ema * 40)}))
 
 
 @pytest.mark.parametrize("mode", ["auto", "resume_path"])
@@ -31,6 +32,7 @@ def test_resume_reads_the_state_of_the_step_verl_resumed(tmp_path, monkeypatch, 
     monkeypatch.setattr(_Verl, "_load_checkpoint", verl_load)
     trainer._load_checkpoint()
     assert trainer.warmup.ema == pytest.approx(step / 10) and trainer.warmup.graduated
+    assert trainer._prompts_fetched == step * 4  # the numbering that seeds the prompts' sampling, from the same folder
 
 
 def test_relative_checkpoint_dir_resolves_against_the_working_directory(tmp_path, monkeypatch):
