@@ -218,11 +218,26 @@ class PeakMemory:
             self.peak_bytes = max(self.peak_bytes, total)
 
 
-def checkpoint_step(directory: Path) -> int:
-    """The step of the run's last complete checkpoint: verl's pointer, ``checkpoints/latest_checkpointed_iteration.txt``,
-    which it moves only after a save finished (0: none)."""
-    pointer = directory / "checkpoints" / "latest_checkpointed_iteration.txt"
-    return int(pointer.read_text().strip()) if pointer.is_file() else 0
+def resume_point(directory: Path) -> int:
+    """The step a stopped run continues from (0: none): its newest checkpoint that is complete (verl's actor files and
+    our state file, at or before verl's pointer ``latest_checkpointed_iteration.txt``, which moves only after a save
+    finished) and whose step the log shows finished. verl saves a step's checkpoint before it validates and logs the
+    step, so a run stopped in between (a validation takes minutes) continues from the checkpoint before (runs keep
+    two) and trains that step again, rather than lose its metrics and validation."""
+    folder = directory / "checkpoints"
+    pointer = folder / "latest_checkpointed_iteration.txt"
+    if not pointer.is_file():
+        return 0
+    newest = int(pointer.read_text().strip())
+    logs = [directory / "train.log.earlier", directory / "train.log"]
+    logged = parse_log("".join(log.read_text() for log in logs if log.is_file()))
+    complete = []
+    for step_folder in folder.iterdir():
+        named = re.fullmatch(r"global_step_(\d+)", step_folder.name)
+        if named and int(named.group(1)) <= newest and (step_folder / "actor").is_dir() and (
+                step_folder / "igpo_state.json").is_file():
+            complete.append(int(named.group(1)))
+    return next((step for step in sorted(complete, reverse=True) if "timing_s/step" in logged.get(step, {})), 0)
 
 
 def read_intervals(directory: Path) -> list[tuple[float, float]]:
@@ -275,10 +290,10 @@ def run_one(run: Run, steps: int, val_every: int, extra: list[str], timeout_s: f
     advantages) into ``run.directory/trajectories``; ``validation_dumps``: verl's validation generations with their
     scores per question (``trainer.validation_data_dir``) into ``run.directory/validation``. The run's peak memory
     (``PeakMemory``) goes to ``peak_rss_mb.txt``. ``checkpoint_every`` > 0: a checkpoint every that many steps in
-    ``run.directory/checkpoints`` (the last one only; deleted when the run finishes); with ``resume`` a run that has one
-    continues from it (no validation before its first step: the first segment's is in the log), else the run starts
+    ``run.directory/checkpoints`` (the last two; deleted when the run finishes); with ``resume`` a run that has one
+    continues from it (``resume_point``) (no validation before its first step: the first segment's is in the log), else the run starts
     over in an emptied directory. The process's output streams into ``console.log``."""
-    resume_from = checkpoint_step(run.directory) if checkpoint_every and resume else 0
+    resume_from = resume_point(run.directory) if checkpoint_every and resume else 0
     if resume_from:
         earlier = _begin_segment(run.directory, resume_from)
         checkpoint = run.directory / "checkpoints" / f"global_step_{resume_from}"
@@ -293,7 +308,7 @@ def run_one(run: Run, steps: int, val_every: int, extra: list[str], timeout_s: f
         f"trainer.test_freq={val_every}",
         # One seed feeds every random source (configs/igpo_base.yaml): methods at the same seed share step 1.
         f"seed={run.seed}", f"trainer.save_freq={checkpoint_every or -1}", *where,
-    ] + (["trainer.max_actor_ckpt_to_keep=1"] if checkpoint_every else []) + (
+    ] + (["trainer.max_actor_ckpt_to_keep=2"] if checkpoint_every else []) + (
         [f"trainer.trajectory_dir={run.directory / 'trajectories'}"] if trajectories else []) + (
         [f"trainer.validation_data_dir={run.directory / 'validation'}"] if validation_dumps else []) + extra
     env = {**os.environ, "OUTPUT_DIR": str(run.directory), "IGPO_DEVICE": "cpu"}
@@ -706,9 +721,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "cpu_compare")
     parser.add_argument("--resume", action="store_true",
                         help="keep finished runs in --out/runs, run the rest (with --checkpoint-every: a stopped run "
-                             "continues from its last checkpoint)")
+                             "continues from its newest usable checkpoint)")
     parser.add_argument("--checkpoint-every", type=int, default=0, metavar="K",
-                        help="save each run's state every K steps (the last checkpoint only, deleted when the run "
+                        help="save each run's state every K steps (the last two checkpoints, deleted when the run "
                              "finishes), so that --resume continues a stopped run; 0 (default): no checkpoints")
     parser.add_argument("--target", type=float, default=0.25,
                         help="the summary's primary figure: the first step at which each method's mean validation F1 "
@@ -771,9 +786,9 @@ def main() -> None:
             if args.resume and load_finished(run, args.steps):
                 print(f"compare: {method} seed {run.seed}: kept ({run.wall_s:.0f} s)", flush=True)
                 continue
-            if args.resume and args.checkpoint_every and checkpoint_step(run.directory):
+            if args.resume and args.checkpoint_every and resume_point(run.directory):
                 print(f"compare: {method} seed {run.seed}: continues from its checkpoint of step "
-                      f"{checkpoint_step(run.directory)}", flush=True)
+                      f"{resume_point(run.directory)}", flush=True)
             queue.append(run)
 
     def run_and_report(run: Run) -> None:

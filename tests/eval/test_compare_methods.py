@@ -172,10 +172,39 @@ def test_a_stopped_runs_files_move_in_front_of_the_next_segment_and_join_after_i
     assert compare.parse_log((tmp_path / "train.log").read_text()) == {1: {"a": 1.0}, 2: {"a": 5.0}}
     assert (tmp_path / "console.log").read_text() == "first\n" + compare.RESUMED.format(1) + "\nsecond\n"
     assert not list(tmp_path.glob("*.earlier"))
-    assert compare.checkpoint_step(tmp_path) == 0
-    (tmp_path / "checkpoints").mkdir()
-    (tmp_path / "checkpoints" / "latest_checkpointed_iteration.txt").write_text("4\n")
-    assert compare.checkpoint_step(tmp_path) == 4
+
+
+def _checkpoint(run, step, actor=True, state=True):
+    folder = run / "checkpoints" / f"global_step_{step}"
+    folder.mkdir(parents=True)
+    if actor:
+        (folder / "actor").mkdir()
+    if state:
+        (folder / "igpo_state.json").write_text("{}")
+
+
+def test_a_stopped_run_continues_from_its_newest_complete_checkpoint_whose_step_it_logged(tmp_path):
+    assert compare.resume_point(tmp_path) == 0  # never checkpointed: it starts over
+    # Checkpoints at 5 (verl removed its actor files, keeping two), 10 and 15; the pointer says 15.
+    _checkpoint(tmp_path, 5, actor=False)
+    _checkpoint(tmp_path, 10)
+    _checkpoint(tmp_path, 15)
+    (tmp_path / "checkpoints" / "latest_checkpointed_iteration.txt").write_text("15\n")
+    line = "step:{} - critic/score/mean:0.5 - timing_s/step:80.0\n"
+    # Stopped while validating step 15 (saved, not yet logged): back to 10, and step 15 is trained again.
+    (tmp_path / "train.log").write_text("".join(line.format(k) for k in range(1, 15)))
+    assert compare.resume_point(tmp_path) == 10
+    (tmp_path / "train.log").write_text("".join(line.format(k) for k in range(1, 17)))
+    assert compare.resume_point(tmp_path) == 15
+    # A save under way (its folder there, the pointer not yet moved to it) is not a checkpoint.
+    _checkpoint(tmp_path, 20, state=False)
+    (tmp_path / "train.log").write_text("".join(line.format(k) for k in range(1, 21)))
+    assert compare.resume_point(tmp_path) == 15
+    # An earlier segment's log counts, up to its resume line.
+    (tmp_path / "train.log.earlier").write_text("".join(line.format(k) for k in range(1, 16))
+                                               + compare.RESUMED.format(10) + "\n")
+    (tmp_path / "train.log").write_text("".join(line.format(k) for k in range(11, 15)))
+    assert compare.resume_point(tmp_path) == 10
 
 
 def test_the_primary_measure_is_the_second_half_mean_paired_by_seed_against_grpo(tmp_path):
