@@ -34,9 +34,9 @@ Usage:
     python scripts/compare_methods.py --val-samples 4 --val-temperature 1.0 ...   # sampled validation, avg@4
 Everything after ``--`` is passed to every run (Hydra overrides). A failed run stops the script with its log tail;
 ``--resume`` keeps finished runs (a run directory with a parsed final step) and runs only the missing ones.
-``--checkpoint-every K`` saves every run's state every K steps; ``--resume`` then continues a stopped run from its last
-checkpoint (the steps after it are trained again) instead of starting it over: runs longer than a sitting finish over
-several. A run started over begins in an empty directory.
+``--checkpoint-every K`` saves every run's state every K steps; ``--resume`` then continues a stopped run from its
+newest checkpoint whose step it logged (``resume_point``; the steps after it are trained again) instead of starting it
+over: runs longer than a sitting finish over several. A run started over begins in an empty directory.
 ``--jobs 2`` runs two at a time (each run's torch work is single-threaded, the rest is mostly serial Python and
 process start-up): about 1.35x the throughput on 2 cores, the same results (every training metric of a run at a seed is
 identical alone or beside another); the wall time reported is the union of the runs' intervals.
@@ -291,8 +291,8 @@ def run_one(run: Run, steps: int, val_every: int, extra: list[str], timeout_s: f
     scores per question (``trainer.validation_data_dir``) into ``run.directory/validation``. The run's peak memory
     (``PeakMemory``) goes to ``peak_rss_mb.txt``. ``checkpoint_every`` > 0: a checkpoint every that many steps in
     ``run.directory/checkpoints`` (the last two; deleted when the run finishes); with ``resume`` a run that has one
-    continues from it (``resume_point``) (no validation before its first step: the first segment's is in the log), else the run starts
-    over in an emptied directory. The process's output streams into ``console.log``."""
+    continues from it (``resume_point``; no validation before its first step: the first segment's is in the log),
+    else the run starts over in an emptied directory. The process's output streams into ``console.log``."""
     resume_from = resume_point(run.directory) if checkpoint_every and resume else 0
     if resume_from:
         earlier = _begin_segment(run.directory, resume_from)
@@ -327,10 +327,9 @@ def run_one(run: Run, steps: int, val_every: int, extra: list[str], timeout_s: f
         peak_file.write_text(f"{max(peaks):.0f}\n")
     run.intervals = earlier + [(started, time.time())]
     _write_intervals(run.directory, run.intervals)
-    segment = console.read_text()
     if proc.returncode != 0:
         raise SystemExit(f"compare: {run.method} seed {run.seed} failed (exit {proc.returncode}); its output ends:\n"
-                         + "\n".join(segment.splitlines()[-25:]))
+                         + "\n".join(console.read_text().splitlines()[-25:]))
     if resume_from:
         log = (run.directory / "train.log").read_text()
         reports = [json.loads(m) for m in re.findall(r"igpo: resumed from \S+: (\{.*\})", log)]
@@ -786,9 +785,9 @@ def main() -> None:
             if args.resume and load_finished(run, args.steps):
                 print(f"compare: {method} seed {run.seed}: kept ({run.wall_s:.0f} s)", flush=True)
                 continue
-            if args.resume and args.checkpoint_every and resume_point(run.directory):
-                print(f"compare: {method} seed {run.seed}: continues from its checkpoint of step "
-                      f"{resume_point(run.directory)}", flush=True)
+            step = resume_point(run.directory) if args.resume and args.checkpoint_every else 0
+            if step:
+                print(f"compare: {method} seed {run.seed}: continues from its checkpoint of step {step}", flush=True)
             queue.append(run)
 
     def run_and_report(run: Run) -> None:
