@@ -171,10 +171,14 @@ class PeakMemory:
     """The peak resident memory of one run's process tree (the launcher, Ray and its workers, the tool server),
     sampled every ``every_s`` seconds while the block runs: the sum of the processes' RSS, so pages two processes
     share count twice (an upper bound). The run's root is this process's child whose environment names the run's
-    ``OUTPUT_DIR``, which tells two runs of ``--jobs 2`` apart."""
+    ``OUTPUT_DIR``, which tells two runs of ``--jobs 2`` apart. Whenever the peak rises it is written to the run's
+    ``peak_rss_mb.txt``, at least what an earlier segment of the run wrote there: a run stopped from outside keeps the
+    peak it reached."""
 
     def __init__(self, directory: Path, every_s: float = 2.0):
         self.directory, self.every_s, self.peak_bytes = str(directory), every_s, 0
+        self.path = directory / "peak_rss_mb.txt"
+        self.earlier_mb = float(self.path.read_text()) if self.path.is_file() else 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
 
@@ -215,7 +219,10 @@ class PeakMemory:
                     total += process.memory_info().rss
                 except psutil.Error:
                     pass
-            self.peak_bytes = max(self.peak_bytes, total)
+            if total > self.peak_bytes:
+                self.peak_bytes = total
+                if self.path.parent.is_dir() and total / 2**20 > self.earlier_mb:
+                    self.path.write_text(f"{total / 2**20:.0f}\n")
 
 
 def resume_point(directory: Path) -> int:
@@ -289,7 +296,7 @@ def run_one(run: Run, steps: int, val_every: int, extra: list[str], timeout_s: f
     the trajectory log (``trainer.trajectory_dir``: every step's trajectories, per-turn records and the applied
     advantages) into ``run.directory/trajectories``; ``validation_dumps``: verl's validation generations with their
     scores per question (``trainer.validation_data_dir``) into ``run.directory/validation``. The run's peak memory
-    (``PeakMemory``) goes to ``peak_rss_mb.txt``. ``checkpoint_every`` > 0: a checkpoint every that many steps in
+    (``PeakMemory``) is kept in ``peak_rss_mb.txt``. ``checkpoint_every`` > 0: a checkpoint every that many steps in
     ``run.directory/checkpoints`` (the last two; deleted when the run finishes); with ``resume`` a run that has one
     continues from it (``resume_point``; no validation before its first step: the first segment's is in the log),
     else the run starts over in an emptied directory. The process's output streams into ``console.log``."""
@@ -316,15 +323,9 @@ def run_one(run: Run, steps: int, val_every: int, extra: list[str], timeout_s: f
     started = time.time()
     _write_intervals(run.directory, earlier, open_start=started)
     console = run.directory / "console.log"
-    with PeakMemory(run.directory) as memory, console.open("w") as output:
+    with PeakMemory(run.directory), console.open("w") as output:
         proc = subprocess.run(["bash", str(ROOT / "train_igpo.sh"), *overrides], cwd=ROOT, env=env, text=True,
                               stdout=output, stderr=subprocess.STDOUT, timeout=timeout_s)
-    peak_file = run.directory / "peak_rss_mb.txt"
-    peaks = [float(peak_file.read_text())] if peak_file.is_file() else []  # an earlier segment's
-    if memory.peak_bytes:
-        peaks.append(memory.peak_bytes / 2**20)
-    if peaks:
-        peak_file.write_text(f"{max(peaks):.0f}\n")
     run.intervals = earlier + [(started, time.time())]
     _write_intervals(run.directory, run.intervals)
     if proc.returncode != 0:

@@ -304,6 +304,13 @@ def test_peak_memory_follows_the_runs_own_process_tree_only(tmp_path):
         subprocess.run(["bash", "-c", f"{sys.executable} -S -c '{small}'"], env={**os.environ, "OUTPUT_DIR": str(mine)})
         other.wait()
     assert 0 < memory.peak_bytes < 120 * 2**20  # the other run's 150 MB is not counted
+    mine.mkdir()
     with compare.PeakMemory(mine, every_s=0.05) as memory:
         subprocess.run(["bash", "-c", f"{sys.executable} -S -c '{hog}'"], env={**os.environ, "OUTPUT_DIR": str(mine)})
     assert memory.peak_bytes > 150 * 2**20  # a grandchild (bash -> python) is counted
+    # Written while the run goes (a run stopped from outside keeps it); a later, smaller segment keeps the larger.
+    assert float((mine / "peak_rss_mb.txt").read_text()) == round(memory.peak_bytes / 2**20)
+    with compare.PeakMemory(mine, every_s=0.05) as memory:
+        subprocess.run(["bash", "-c", f"{sys.executable} -S -c '{small}'"], env={**os.environ, "OUTPUT_DIR": str(mine)})
+    assert 0 < memory.peak_bytes < 120 * 2**20
+    assert float((mine / "peak_rss_mb.txt").read_text()) > 150
