@@ -21,7 +21,8 @@ Outputs (``--out``, default ``results/cpu_compare``):
                   ``outcome/success_share``, averaged over the second half of the run's steps), the baseline's at the
                   same seed, and their difference
     train_success.png  the primary metric per step: the mean over seeds per method, with the 95% t interval shaded
-    runs/<method>-s<seed>/   each run's train.log and tool-server log (checkpoints are deleted when it finishes)
+    runs/<method>-s<seed>/   each run's train.log and tool-server log; with --checkpoint-every also model/, the trained
+                  policy in float32 for scripts/evaluate.py --model-path (checkpoints are deleted when it finishes)
 
 The summary opens with the primary measure: each method's per-seed values, and its paired difference against
 ``--baseline`` (GRPO) with a 95% paired t interval and a bootstrap interval beside it (``igpo/eval/paired.py``); then the
@@ -60,6 +61,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from igpo.eval.export import export_actor
 from igpo.eval.paired import mean_interval, paired_difference
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -297,7 +299,8 @@ def run_one(run: Run, steps: int, val_every: int, extra: list[str], timeout_s: f
     advantages) into ``run.directory/trajectories``; ``validation_dumps``: verl's validation generations with their
     scores per question (``trainer.validation_data_dir``) into ``run.directory/validation``. The run's peak memory
     (``PeakMemory``) is kept in ``peak_rss_mb.txt``. ``checkpoint_every`` > 0: a checkpoint every that many steps in
-    ``run.directory/checkpoints`` (the last two; deleted when the run finishes); with ``resume`` a run that has one
+    ``run.directory/checkpoints`` (the last two; the final one exported to ``run.directory/model`` by
+    ``igpo.eval.export``, then deleted); with ``resume`` a run that has one
     continues from it (``resume_point``; no validation before its first step: the first segment's is in the log),
     else the run starts over in an emptied directory. The process's output streams into ``console.log``."""
     resume_from = resume_point(run.directory) if checkpoint_every and resume else 0
@@ -343,6 +346,8 @@ def run_one(run: Run, steps: int, val_every: int, extra: list[str], timeout_s: f
     if steps not in run.steps:
         raise SystemExit(f"compare: {run.method} seed {run.seed} exited 0 but logged no step {steps}; see "
                          f"{run.directory / 'train.log'}")
+    if checkpoint_every:  # the trained policy, for scripts/evaluate.py --model-path, before its checkpoints go
+        export_actor(run.directory / "checkpoints" / f"global_step_{steps}" / "actor", run.directory / "model")
     shutil.rmtree(run.directory / "checkpoints", ignore_errors=True)
     run.wall_s = sum(end - start for start, end in run.intervals)
     (run.directory / "wall_s.txt").write_text(f"{run.wall_s:.1f}\n")
