@@ -1,7 +1,8 @@
 """verl plugin entry point: ``import verl`` imports this module in every process of a job.
 
 Registers the ``igpo`` advantage estimator (alias ``grpo_info_gain``), the ``igpo_agent`` and ``arpo_agent`` agent
-loops, the ``igpo_sync`` trainer mode, the vLLM rollout adapter whose weight sync fails instead of hanging, and — only
+loops, the ``igpo_sync`` trainer mode, the vLLM rollout adapter whose weight sync fails instead of hanging, verl's
+``bypass_mode`` policy loss accepting a micro-batch without a valid token (igpo/integration/policy_loss.py), and — only
 when ``VERL_PLATFORM=cpu`` — the CPU backend. verl swallows plugin import errors at DEBUG level, so a failure here is
 logged as a WARNING with its traceback instead.
 
@@ -52,6 +53,12 @@ def _register_agent_loops(agent_loop: ModuleType) -> None:
 
 def _register_vllm_adapter(base: ModuleType) -> None:
     base._ROLLOUT_REGISTRY[("vllm", "async")] = VLLM_ADAPTER
+
+
+def _guard_bypass_loss(core_algos: ModuleType) -> None:
+    from igpo.integration.policy_loss import guard_bypass_loss
+
+    guard_bypass_loss(core_algos)
 
 
 def _apply(name: str, hook: Callable[[ModuleType], None], module: ModuleType) -> None:
@@ -136,6 +143,7 @@ def load() -> list[str]:
             FAILED.append("igpo.cpu")
     when_imported("verl.experimental.agent_loop.agent_loop", _register_agent_loops)
     when_imported("verl.workers.rollout.base", _register_vllm_adapter)
+    when_imported("verl.trainer.ppo.core_algos", _guard_bypass_loss)
     if os.environ.get(LAZY_REGISTRATION_ENV) != "1":
         _import_registering_modules()
     return FAILED
