@@ -52,47 +52,75 @@ def _alive_nodes(address: str, env: dict) -> int:
     return int(result.stdout.split()[-1]) if result.returncode == 0 and result.stdout.split() else 0
 
 
+def _start_nodes(temp_dir: str, env: dict, nodes: list) -> str:
+    """Start the head and the second node (appended to ``nodes``, each in its own process group, its output in
+    ``<temp_dir>/ray_start_<i>.log``); return the cluster's address once both are alive. An AssertionError carries
+    the tail of the output of a `ray start` that exited."""
+    port = _free_port()
+    address = f"127.0.0.1:{port}"
+    logs = [Path(temp_dir) / f"ray_start_{i}.log" for i in range(2)]
+    commands = [
+        [RAY, "start", "--head", f"--port={port}", f"--temp-dir={temp_dir}", "--include-dashboard=false",
+         f"--ray-client-server-port={_free_port()}", *_node_args((20000, 20999))],
+        [RAY, "start", f"--address={address}", f"--temp-dir={temp_dir}/n2", *_node_args((21000, 21999))],
+    ]
+    for command, log in zip(commands, logs):
+        with log.open("w") as out:
+            nodes.append(subprocess.Popen(command, env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+                                          start_new_session=True))
+        if len(nodes) == 1:
+            time.sleep(5)
+    deadline = time.monotonic() + 90
+    while _alive_nodes(address, env) < 2:
+        for node, log in zip(nodes, logs):
+            assert node.poll() is None, f"a `ray start` exited ({node.args[1:3]}):\n{log.read_text()[-2000:]}"
+        assert time.monotonic() < deadline, "the two-node cluster did not come up in 90 s"
+        time.sleep(2)
+    return address
+
+
+def _kill_nodes(nodes: list, temp_dir: str) -> None:
+    for node in reversed(nodes):
+        try:
+            os.killpg(node.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        node.wait()
+    # Workers, agents and the GCS all belong to the two groups: nothing of the cluster may outlive the test.
+    for _ in range(20):  # killed processes leave the table once reaped
+        left = subprocess.run(["pgrep", "-f", temp_dir], capture_output=True, text=True).stdout.split()
+        if not left:
+            break
+        time.sleep(0.5)
+    assert not left, f"processes of the test cluster survived: {left}"
+    nodes.clear()
+
+
 @pytest.fixture
 def two_node_cluster():
     # Short (Ray's socket paths must stay under 107 bytes), and one per node as on separate machines: nodes sharing a
     # session folder would each forward the other's worker logs to the driver, printing every line twice.
     temp_dir = tempfile.mkdtemp(prefix="igpo-ray-")
-    port = _free_port()
-    address = f"127.0.0.1:{port}"
     # Every worker process inherits the node's environment: the CPU backend is chosen there (VERL_PLATFORM), not by
     # the driver, whose environment does not travel to an existing cluster.
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "VERL_PLATFORM": "cpu", "RAY_USAGE_STATS_ENABLED": "0"}
     env.pop("RAY_ADDRESS", None)
-    nodes = []
+    nodes: list = []
     try:
-        nodes.append(subprocess.Popen(
-            [RAY, "start", "--head", f"--port={port}", f"--temp-dir={temp_dir}", "--include-dashboard=false",
-             f"--ray-client-server-port={_free_port()}", *_node_args((20000, 20999))],
-            env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True))
-        time.sleep(5)
-        nodes.append(subprocess.Popen(
-            [RAY, "start", f"--address={address}", f"--temp-dir={temp_dir}/n2", *_node_args((21000, 21999))],
-            env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True))
-        deadline = time.monotonic() + 90
-        while _alive_nodes(address, env) < 2:
-            assert all(n.poll() is None for n in nodes), "a `ray start` exited"
-            assert time.monotonic() < deadline, "the two-node cluster did not come up in 90 s"
-            time.sleep(2)
+        # The ports are picked free, then bound by `ray start` a moment later: on a busy machine another process can
+        # take one in between, and that `ray start` exits. That is the test's setup failing, not the product: one
+        # more try on fresh ports, the first try's output kept in the error if the second fails too.
+        try:
+            address = _start_nodes(temp_dir, env, nodes)
+        except AssertionError as first:
+            _kill_nodes(nodes, temp_dir)
+            try:
+                address = _start_nodes(temp_dir, env, nodes)
+            except AssertionError as second:
+                raise AssertionError(f"{second}\n(first try: {first})") from None
         yield address, env
     finally:
-        for node in reversed(nodes):
-            try:
-                os.killpg(node.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            node.wait()
-        # Workers, agents and the GCS all belong to the two groups: nothing of the cluster may outlive the test.
-        for _ in range(20):  # killed processes leave the table once reaped
-            left = subprocess.run(["pgrep", "-f", temp_dir], capture_output=True, text=True).stdout.split()
-            if not left:
-                break
-            time.sleep(0.5)
-        assert not left, f"processes of the test cluster survived: {left}"
+        _kill_nodes(nodes, temp_dir)
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 

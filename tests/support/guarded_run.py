@@ -82,4 +82,9 @@ def run_guarded(args: list[str], env: dict[str, str], timeout: float,
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+        # SIGKILL is delivered when each process next runs: on a loaded machine that can take a moment, and the next
+        # test (or the caller's own check) should not meet the group still alive.
+        deadline = time.monotonic() + 30
+        while _live_members(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
     return proc.returncode, out
