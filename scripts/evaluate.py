@@ -28,6 +28,8 @@ Examples::
     # a vLLM server (token ids in and out) and a running tool server, judged by an LLM (JUDGE_* in the environment)
     python scripts/evaluate.py --data data/qa_test_7src.parquet --endpoint http://127.0.0.1:8000/v1 \\
         --model qwen --tokenizer /models/qwen --tool-server http://127.0.0.1:8001 --judge --out outputs/eval_qwen
+    # the CPU demo's held-out questions with its agent and validation settings, on a model SmolLM2 training left
+    python scripts/evaluate.py --demo smollm2 --model-path <run>/model --out outputs/eval_smollm2_trained
     # avg@4 / pass@4: four sampled answers per question
     python scripts/evaluate.py --data data/qa_test_7src.parquet --endpoint http://127.0.0.1:8000/v1 \\
         --model qwen --tokenizer /models/qwen --tool-server http://127.0.0.1:8001 \\
@@ -54,7 +56,9 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from igpo.integration.tool_spend import parse_prices, totals  # noqa: E402
+from igpo.demo.world import TOPK as DEMO_TOPK  # noqa: E402
 from igpo.eval.data import file_sha256, load_rows  # noqa: E402
+from igpo.eval.demo_preset import STARTING_MODELS, demo_preset  # noqa: E402
 from igpo.eval.evaluation import evaluate  # noqa: E402
 from igpo.eval.plots import write_plots  # noqa: E402
 from igpo.eval.policy import OpenAICompletionsServer, hf_server  # noqa: E402
@@ -72,9 +76,17 @@ OUTPUT_FILES = ("traces.jsonl", "results.md", "results.csv", "accuracy_by_source
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     d = EvalConfig()
+    # --demo NAME first: its preset supplies the defaults (and the data, model and corpus) of the full parser.
+    demo_parser = argparse.ArgumentParser(add_help=False)
+    demo_parser.add_argument("--demo", choices=sorted(STARTING_MODELS), default=None)
+    demo_name = demo_parser.parse_known_args(argv)[0].demo
     p = argparse.ArgumentParser(prog="scripts/evaluate.py", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", type=Path, required=True, help="test parquet in the verl RL schema")
+    p.add_argument("--demo", choices=sorted(STARTING_MODELS), default=None,
+                   help="evaluate as the CPU demo with demo.model=NAME validates: its held-out questions, corpus, "
+                        "agent settings and validation sampling from configs/ (igpo/eval/demo_preset.py); the model "
+                        "defaults to the demo's starting model, --model-path names a trained one; flags win")
+    p.add_argument("--data", type=Path, required=demo_name is None, help="test parquet in the verl RL schema")
     p.add_argument("--out", type=Path, required=True, help="output directory (created; reused to resume)")
     p.add_argument("--limit-per-source", type=int, default=None, help="first N valid rows of each data_source")
     p.add_argument("--sources", default=None, help="comma-separated data_sources to evaluate (default: all)")
@@ -86,7 +98,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="a published setting (configs/recipe/NAME.yaml): its turn limit and top-k become the defaults, "
                         "and comparison.md sets our scores beside the paper's table")
 
-    model = p.add_mutually_exclusive_group(required=True)
+    model = p.add_mutually_exclusive_group(required=demo_name is None)
     model.add_argument("--model-path", help="local Hugging Face checkpoint, generated with transformers")
     model.add_argument("--endpoint", help="OpenAI-compatible base URL serving token ids (vLLM), e.g. .../v1")
     p.add_argument("--model", help="model name on --endpoint")
@@ -94,7 +106,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--api-key-env", default="EVAL_API_KEY",
                    help="environment variable holding the endpoint's API key (never logged or recorded)")
 
-    tools = p.add_mutually_exclusive_group(required=True)
+    tools = p.add_mutually_exclusive_group(required=demo_name is None)
     tools.add_argument("--tool-server", help="URL of a running tool_server")
     tools.add_argument("--corpus", type=Path, help="JSONL corpus: start a local BM25 tool server for this run")
     p.add_argument("--topk", type=int, default=None,
@@ -134,7 +146,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "API_KEY from the environment)")
     p.add_argument("--judge-cache", type=Path, default=None,
                    help="SQLite verdict cache (default: <out>/judge_cache.sqlite)")
-    return p.parse_args(argv)
+    if demo_name is None:
+        args = p.parse_args(argv)
+        args.demo_env = {}
+        return args
+    try:
+        preset = demo_preset(demo_name, REPO, topk=DEMO_TOPK)
+    except EvalInputError as err:
+        p.error(str(err))
+    sources = {key: preset.defaults.pop(key) for key in ("data", "model_path", "corpus")}
+    p.set_defaults(**preset.defaults)
+    args = p.parse_args(argv)
+    args.data = args.data or sources["data"]
+    if not (args.model_path or args.endpoint):
+        args.model_path = sources["model_path"]
+    if not (args.corpus or args.tool_server):
+        args.corpus = sources["corpus"]
+    args.demo_env = preset.env
+    return args
 
 
 def _csv(value: str | None) -> list[str] | None:
@@ -248,9 +277,26 @@ async def run(args, config, rows, tokenizer, tool_url, store, judge_overrides) -
     return report, tool_stats, spend
 
 
+@contextlib.contextmanager
+def environment_defaults(values: dict[str, str]):
+    """Set the variables of ``values`` that the environment lacks, for the block only."""
+    added = {name: value for name, value in values.items() if name not in os.environ}
+    os.environ.update(added)
+    try:
+        yield
+    finally:
+        for name in added:
+            os.environ.pop(name, None)
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
+    with environment_defaults(args.demo_env):  # the demo's rollout-server settings, unless exported
+        return evaluate_args(args)
+
+
+def evaluate_args(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     try:
         recipe = load_recipe_for(args)
