@@ -154,14 +154,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         preset = demo_preset(demo_name, REPO, topk=DEMO_TOPK)
     except EvalInputError as err:
         p.error(str(err))
-    sources = {key: preset.defaults.pop(key) for key in ("data", "model_path", "corpus")}
     p.set_defaults(**preset.defaults)
     args = p.parse_args(argv)
-    args.data = args.data or sources["data"]
+    args.data = args.data or preset.inputs["data"]
     if not (args.model_path or args.endpoint):
-        args.model_path = sources["model_path"]
+        args.model_path = preset.inputs["model_path"]
     if not (args.corpus or args.tool_server):
-        args.corpus = sources["corpus"]
+        args.corpus = preset.inputs["corpus"]
     args.demo_env = preset.env
     return args
 

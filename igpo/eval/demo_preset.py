@@ -27,6 +27,8 @@ ROLLOUT_ENV = {"smollm2": {"IGPO_CPU_ROLLOUT_DTYPE": "float32", "IGPO_CPU_ROLLOU
 
 @dataclass(frozen=True)
 class DemoPreset:
+    inputs: dict[str, Any]
+    """``data``, ``model_path`` and ``corpus``: used where the command line names no data, model or tools."""
     defaults: dict[str, Any]
     """scripts/evaluate.py's argument defaults (argparse ``dest`` names)."""
     env: dict[str, str] = field(default_factory=dict)
@@ -55,8 +57,9 @@ def demo_preset(name: str, repo: Path, topk: int) -> DemoPreset:
     agent = config.algorithm.igpo.agent
     val = config.actor_rollout_ref.rollout.get("val_kwargs") or {}
     sampled = bool(val.get("do_sample", False))
+    inputs = {"data": world / "val.parquet", "model_path": str(model), "corpus": world / "corpus.jsonl"}
     defaults = {
-        "data": world / "val.parquet", "corpus": world / "corpus.jsonl", "model_path": str(model), "topk": topk,
+        "topk": topk,
         "max_turns": int(agent.max_turns), "max_tokens_per_turn": int(agent.max_tokens_per_turn),
         "max_observation_tokens": int(agent.max_observation_tokens), "system_prompt": str(agent.system_prompt),
         "tool_names": ",".join(agent.tool_names), "prompt_length": int(config.data.max_prompt_length),
@@ -64,4 +67,4 @@ def demo_preset(name: str, repo: Path, topk: int) -> DemoPreset:
         "runs": int(val.get("n", 1)) if sampled else 1,
         "temperature": float(val.get("temperature", 1.0)) if sampled else 0.0,
     }
-    return DemoPreset(defaults=defaults, env=dict(ROLLOUT_ENV.get(name, {})))
+    return DemoPreset(inputs=inputs, defaults=defaults, env=dict(ROLLOUT_ENV.get(name, {})))

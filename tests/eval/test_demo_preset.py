@@ -47,7 +47,9 @@ def test_smollm2_takes_the_overlay_over_the_cpu_demo_and_the_validation_sampling
     assert (d["prompt_length"], d["response_length"]) == (config.data.max_prompt_length, 416)
     assert (d["runs"], d["temperature"]) == (val.n, val.temperature) == (4, 1.0)
     assert d["topk"] == TOPK and d["tool_names"] == "search"
-    assert d["model_path"] == str(repo / ".cache" / "smollm2_warm")
+    assert preset.inputs == {"data": repo / ".cache" / "demo_world" / "val.parquet",
+                             "model_path": str(repo / ".cache" / "smollm2_warm"),
+                             "corpus": repo / ".cache" / "demo_world" / "corpus.jsonl"}
     assert preset.env == {"IGPO_CPU_ROLLOUT_DTYPE": "float32", "IGPO_CPU_ROLLOUT_THREADS": "2"}
 
 
