@@ -21,7 +21,7 @@ from igpo.eval.settings import EvalInputError
 # The demo's starting model per demo.model (train_igpo.sh builds both into .cache/).
 STARTING_MODELS = {"tiny": "tiny_demo_warm", "smollm2": "smollm2_warm"}
 # What train_igpo.sh exports for the HF rollout server of demo.model=smollm2 (float32 on both cores; the server's
-# own default, float64 on one thread, suits the tiny model).
+# own default, float64 on one thread, suits the tiny model); tests/eval/test_demo_preset.py checks they agree.
 ROLLOUT_ENV = {"smollm2": {"IGPO_CPU_ROLLOUT_DTYPE": "float32", "IGPO_CPU_ROLLOUT_THREADS": "2"}}
 
 

@@ -92,3 +92,11 @@ def test_the_demos_environment_is_set_for_the_run_only(monkeypatch):
         assert os.environ["IGPO_CPU_ROLLOUT_DTYPE"] == "float32"
         assert os.environ["IGPO_CPU_ROLLOUT_THREADS"] == "1"  # an exported value wins
     assert "IGPO_CPU_ROLLOUT_DTYPE" not in os.environ and os.environ["IGPO_CPU_ROLLOUT_THREADS"] == "1"
+
+
+def test_the_rollout_environment_is_what_train_igpo_sh_exports_for_the_demo_model():
+    from igpo.eval.demo_preset import ROLLOUT_ENV
+
+    launcher = (REPO / "train_igpo.sh").read_text()
+    for name, value in ROLLOUT_ENV["smollm2"].items():
+        assert f'export {name}="${{{name}:-{value}}}"' in launcher, (name, value)
