@@ -69,15 +69,16 @@ def test_missing_demo_files_name_the_command_that_builds_them(tmp_path):
 
 
 @pytest.mark.skipif(not (REPO / ".cache" / "demo_world" / "val.parquet").is_file()
-                    or not (REPO / ".cache" / "smollm2_warm" / "config.json").is_file(),
-                    reason="the demo's world and SmolLM2 are built by scripts/test.sh")
+                    or not (REPO / ".cache" / "tiny_demo_warm" / "config.json").is_file(),
+                    reason="the demo's world and model are built by scripts/test.sh (train_igpo.sh --dry-run)")
 def test_flags_win_over_the_preset_and_an_endpoint_or_tool_server_replaces_its_model_or_corpus():
     script = _script()
-    args = script.parse_args(["--demo", "smollm2", "--out", "o", "--runs", "2", "--max-turns", "3",
+    args = script.parse_args(["--demo", "tiny", "--out", "o", "--runs", "2", "--max-turns", "3",
                               "--model-path", "trained"])
-    assert (args.runs, args.max_turns, args.model_path, args.max_tokens_per_turn) == (2, 3, "trained", 48)
+    assert (args.runs, args.max_turns, args.model_path, args.max_tokens_per_turn) == (2, 3, "trained", 32)
     assert args.data == REPO / ".cache" / "demo_world" / "val.parquet"
-    args = script.parse_args(["--demo", "smollm2", "--out", "o", "--endpoint", "http://h/v1", "--model", "m",
+    assert args.corpus == REPO / ".cache" / "demo_world" / "corpus.jsonl" and args.topk == TOPK
+    args = script.parse_args(["--demo", "tiny", "--out", "o", "--endpoint", "http://h/v1", "--model", "m",
                               "--tokenizer", "t", "--tool-server", "http://t"])
     assert args.model_path is None and args.corpus is None
     with pytest.raises(SystemExit):  # without --demo the data, model and tools stay required
