@@ -271,9 +271,14 @@ def _write_intervals(directory: Path, intervals: list[tuple[float, float]], open
 
 def _begin_segment(directory: Path, step: int) -> list[tuple[float, float]]:
     """Before a run continues from its checkpoint of ``step``: each file a launch writes afresh moves to
-    ``<name>.earlier``, after the earlier segments' text, followed by the ``RESUMED`` line; returns the earlier
-    segments' intervals (the stopped one closed)."""
+    ``<name>.earlier``, after the earlier segments' text, followed by the ``RESUMED`` line; every other checkpoint
+    is deleted (verl keeps the last two it saved itself, ``trainer.max_actor_ckpt_to_keep``, and knows nothing of
+    an earlier segment's: those would stay to the run's end, 1.6 GB each for SmolLM2; a newer one belongs to a step
+    that was not logged and is saved again); returns the earlier segments' intervals (the stopped one closed)."""
     intervals = read_intervals(directory)
+    for folder in (directory / "checkpoints").glob("global_step_*"):
+        if folder.name != f"global_step_{step}":
+            shutil.rmtree(folder)
     for name in SEGMENTED:
         earlier, current = directory / f"{name}.earlier", directory / name
         text = (earlier.read_text() if earlier.is_file() else "") + (current.read_text() if current.is_file() else "")

@@ -163,7 +163,11 @@ def test_a_stopped_runs_files_move_in_front_of_the_next_segment_and_join_after_i
     (tmp_path / "console.log").write_text("first\n")
     (tmp_path / "interval.txt").write_text("100.0 200.0\n300.0\n")  # the second segment was stopped from outside
     stopped_at = (tmp_path / "train.log").stat().st_mtime
+    for step in (1, 2, 3):  # 3: saved, then stopped before its step was logged
+        _checkpoint(tmp_path, step)
     intervals = compare._begin_segment(tmp_path, 1)
+    # Only the checkpoint the run continues from is left: verl prunes only what it saved in this segment.
+    assert [p.name for p in (tmp_path / "checkpoints").glob("global_step_*")] == ["global_step_1"]
     assert intervals == [(100.0, 200.0), (300.0, pytest.approx(stopped_at, abs=0.1))]
     assert not (tmp_path / "train.log").exists() and not (tmp_path / "tool_server.log").exists()
     (tmp_path / "train.log").write_text("step:2 - a:5\n")
