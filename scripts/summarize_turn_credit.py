@@ -53,6 +53,8 @@ SUCCESSORS = ("igpo_telescoped", "ig_search", "tips", "igpo_turnnorm")
 # verl's validation aggregates print as np.float64(...): read those too.
 METRIC = re.compile(r"([A-Za-z0-9_@/\-.]+):(?:np\.float64\()?(-?[0-9.]+(?:[eE][-+]?[0-9]+)?|nan|inf)\)?")
 TURN_REWARD = ("oracle_reward", "information_gain")
+# What a repeated run may differ in: wall-clock timings, throughput, memory and the ETA.
+VOLATILE = ("timing_s/", "timing_per_token_ms/", "perf/", "actor/perf/", "progress/")
 
 
 def load_runs(folder: Path, comparisons: list[str], steps: int) -> tuple[dict[str, list], list[str]]:
@@ -173,7 +175,32 @@ def checks(runs: dict[str, list], baseline: str, gate: str, steps: int, folder: 
     if repeats:
         lines.append(f"- {baseline} against chain_compare_v2's runs at the same seed (training score and turns at "
                      f"steps 1-{steps}; only the validation's sample count differs): {'; '.join(repeats)}.")
-    return lines + [""]
+    return lines + repeat_lines(folder, runs, steps) + [""]
+
+
+def repeat_lines(folder: Path, runs: dict[str, list], steps: int) -> list[str]:
+    """Each run of a ``<name>_check`` comparison in ``folder`` (a run repeated in another clone before its arm is
+    reused there: the plan's amendment) against the run this summary uses at its method and seed: every metric the
+    log has at steps 1-``steps`` but the ``VOLATILE`` ones must be equal."""
+    lines = []
+    for directory in sorted(folder.glob("*_check/runs/*-s*")):
+        method, _, seed = directory.name.rpartition("-s")
+        check = cm.Run(method, int(seed), directory)
+        where = f"{method} seed {seed} repeated in `{directory.parent.parent.name}`"
+        used = next((r for r in runs.get(method, []) if r.seed == int(seed)), None)
+        if used is None or not cm.load_finished(check, steps):
+            lines.append(f"- {where}: **not compared** ({'no run of its own' if used is None else 'not finished'} "
+                         f"here).")
+            continue
+        differing = sorted({key for step in range(1, steps + 1)
+                            for key in set(check.steps.get(step, {})) | set(used.steps.get(step, {}))
+                            if not key.startswith(VOLATILE)
+                            and check.steps.get(step, {}).get(key) != used.steps.get(step, {}).get(key)})
+        verdict = ("**identical**: the arm is reused" if not differing else
+                   f"**different** in {len(differing)} metrics ({', '.join(differing[:6])}): the arm must run again")
+        lines.append(f"- {where} against `{used.comparison}`'s run (every metric at steps 1-{steps} but wall-clock "
+                     f"timings, throughput, memory and the ETA): {verdict}.")
+    return lines
 
 
 def batch_layout(directory: Path) -> str | None:

@@ -44,3 +44,29 @@ def test_the_repeat_check_is_not_applied_across_batch_layouts(tmp_path):
     assert summary.batch_layout(run) == "16x4"
     assert summary.batch_layout(COMMITTED / "gate_A" / "runs" / "grpo-s0") == "8x8"
     assert summary.batch_layout(tmp_path) is None
+
+
+def test_a_run_repeated_in_another_clone_is_compared_in_every_metric_but_timings(tmp_path):
+    """The plan's amendment reuses gate_A's GRPO arm for the rows only if GRPO seed 0, run again in the rows' clone
+    (``rows_A_check``), logs the same metrics at every step: a copy of the committed run is identical; one changed
+    training metric, or a run not finished, is reported as such."""
+    used = summary.cm.Run("grpo", 0, COMMITTED / "gate_A" / "runs" / "grpo-s0")
+    assert summary.cm.load_finished(used, 12)
+    used.comparison = "gate_A"
+    check = tmp_path / "rows_A_check" / "runs" / "grpo-s0"
+    shutil.copytree(used.directory, check)
+    log = (check / "train.log").read_text()
+    # another machine's timings: not a difference
+    (check / "train.log").write_text(log.replace("timing_s/step:", "timing_s/step:1").replace("perf/throughput:",
+                                                                                              "perf/throughput:9"))
+    [line] = summary.repeat_lines(tmp_path, {"grpo": [used]}, 12)
+    assert "grpo seed 0 repeated in `rows_A_check` against `gate_A`'s run" in line and "**identical**" in line, line
+    first = next(l for l in log.splitlines() if "step:1 - " in l and "critic/score/mean:" in l)
+    value = first.split("critic/score/mean:")[1].split()[0]
+    (check / "train.log").write_text(log.replace(first, first.replace(f"critic/score/mean:{value}",
+                                                                      "critic/score/mean:0.999")))
+    [line] = summary.repeat_lines(tmp_path, {"grpo": [used]}, 12)
+    assert "**different** in 1 metrics (critic/score/mean)" in line, line
+    (check / "wall_s.txt").unlink()
+    [line] = summary.repeat_lines(tmp_path, {"grpo": [used]}, 12)
+    assert "**not compared** (not finished here)" in line, line
