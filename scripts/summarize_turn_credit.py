@@ -189,7 +189,7 @@ def repeat_lines(folder: Path, runs: dict[str, list], steps: int) -> list[str]:
         where = f"{method} seed {seed} repeated in `{directory.parent.parent.name}`"
         used = next((r for r in runs.get(method, []) if r.seed == int(seed)), None)
         if used is None or not cm.load_finished(check, steps):
-            lines.append(f"- {where}: **not compared** ({'no run of its own' if used is None else 'not finished'} "
+            lines.append(f"- {where}: **not compared** ({'no run of that method and seed to compare against' if used is None else 'not finished'} "
                          f"here).")
             continue
         differing = sorted({key for step in range(1, steps + 1)
