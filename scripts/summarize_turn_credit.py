@@ -189,8 +189,8 @@ def repeat_lines(folder: Path, runs: dict[str, list], steps: int) -> list[str]:
         where = f"{method} seed {seed} repeated in `{directory.parent.parent.name}`"
         used = next((r for r in runs.get(method, []) if r.seed == int(seed)), None)
         if used is None or not cm.load_finished(check, steps):
-            lines.append(f"- {where}: **not compared** ({'no run of that method and seed to compare against' if used is None else 'not finished'} "
-                         f"here).")
+            why = "no run of that method and seed to compare against" if used is None else "not finished here"
+            lines.append(f"- {where}: **not compared** ({why}).")
             continue
         differing = sorted({key for step in range(1, steps + 1)
                             for key in set(check.steps.get(step, {})) | set(used.steps.get(step, {}))
