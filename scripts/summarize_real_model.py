@@ -14,7 +14,8 @@ the percentile bootstrap over questions (10,000 resamples, seed 0).
 
 Writes into ``<folder>``: ``summary.md``, ``validation.csv`` (method, seed, step, avg@k, pass@k, each with its
 bootstrap interval), ``steps.csv`` (the training curves), ``val_avg.png`` (held-out avg@k against step per method:
-each seed's line and the mean) and ``training.png`` (success, well-formed call share, tool calls, KL, entropy).
+each seed's line with its 95% bootstrap band over questions, and the mean over seeds) and ``training.png``
+(success, well-formed call share, tool calls, KL, entropy).
 
 With ``--pilot`` it reads the pilot instead (``<folder>/lr<rate>/runs/grpo-s0/``, the plan's P1 and P2) and applies
 the plan's rule for the learning rate and the step count; it writes ``<folder>/summary.md``.
@@ -292,6 +293,23 @@ def main() -> None:
     print("\n".join(lines))
 
 
+def avg_curves(runs: dict[str, list], base: dict) -> dict[str, tuple[dict, dict]]:
+    """method -> ({seed: {step: (avg@k, low, high)}}, {step: mean avg@k over seeds}): each run's held-out avg@k with
+    its bootstrap interval over questions at every validated step (step 0 borrowed from the baseline at its seed),
+    and the mean over the method's seeds at the steps all of them validated (empty for a single seed)."""
+    out = {}
+    for method, group in runs.items():
+        curves = {}
+        for run in group:
+            dumps = dict(run.dumps)
+            if 0 not in dumps and run.seed in base and 0 in base[run.seed].dumps:
+                dumps[0] = base[run.seed].dumps[0]
+            curves[run.seed] = {s: bootstrap([v[0] for v in dumps[s].values()]) for s in sorted(dumps)}
+        shared = sorted(set.intersection(*(set(c) for c in curves.values()))) if len(curves) > 1 else []
+        out[method] = (curves, {s: statistics.fmean(c[s][0] for c in curves.values()) for s in shared})
+    return out
+
+
 def _plots(folder: Path, runs: dict[str, list], base: dict) -> None:
     import matplotlib
 
@@ -299,17 +317,20 @@ def _plots(folder: Path, runs: dict[str, list], base: dict) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    for index, (method, group) in enumerate(runs.items()):
+    for index, (method, (curves, mean)) in enumerate(avg_curves(runs, base).items()):
         color = f"C{index}"
-        for run in group:
-            dumps = dict(run.dumps)
-            if 0 not in dumps and run.seed in base and 0 in base[run.seed].dumps:
-                dumps[0] = base[run.seed].dumps[0]
-            steps = sorted(dumps)
-            ax.plot(steps, [bootstrap([v[0] for v in dumps[s].values()], 1)[0] for s in steps], color=color,
-                    alpha=0.4, marker="o", label=f"{method} seed {run.seed}")
+        for seed, curve in curves.items():
+            steps = sorted(curve)
+            ax.plot(steps, [curve[s][0] for s in steps], color=color, alpha=0.5, linewidth=1, marker="o",
+                    markersize=3, label=f"{method} seed {seed}")
+            ax.fill_between(steps, [curve[s][1] for s in steps], [curve[s][2] for s in steps], color=color,
+                            alpha=0.12, linewidth=0)
+        if mean:
+            ax.plot(sorted(mean), [mean[s] for s in sorted(mean)], color=color, linewidth=2.5,
+                    label=f"{method} mean of {len(curves)} seeds")
     ax.set_xlabel("training step")
     ax.set_ylabel("held-out avg@k exact match")
+    ax.set_title("bands: 95% bootstrap over questions, per seed", fontsize=8)
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(folder / "val_avg.png", dpi=100)

@@ -64,6 +64,16 @@ def test_the_summary_borrows_the_baselines_before_and_applies_the_learning_rule(
     assert any(r.startswith("igpo,0,0,0.0625") for r in rows)  # before: grpo's step-0 dump at seed 0
     assert (tmp_path / "val_avg.png").is_file() and (tmp_path / "training.png").is_file()
 
+    runs = summary.load(tmp_path)
+    curves = summary.avg_curves(runs, {r.seed: r for r in runs["grpo"]})
+    seeds, mean = curves["igpo"]
+    assert sorted(seeds) == [0, 1] and sorted(seeds[0]) == [0, 2]  # step 0 borrowed from grpo at the seed
+    value, low, high = seeds[0][2]
+    assert value == pytest.approx(0.5625) and low < value < high  # the plot's band: an interval, not a point
+    assert mean == {0: pytest.approx(0.0625), 2: pytest.approx((0.5625 + 0.0625) / 2)}
+    single = summary.avg_curves({"grpo": runs["grpo"][:1]}, {})
+    assert single["grpo"][1] == {}  # one seed: no mean line
+
 
 def pilot_run(folder: Path, rate: str, success: list[float], wellformed: list[float], warning: bool = False) -> None:
     run = folder / f"lr{rate}" / "runs" / "grpo-s0"
