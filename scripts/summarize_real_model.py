@@ -101,7 +101,9 @@ def load(folder: Path) -> dict[str, list]:
     for directory in sorted((folder / "runs").glob("*-s*")):
         method, _, seed = directory.name.rpartition("-s")
         run = cm.Run(method, int(seed), directory)
-        run.steps = cm.parse_log((directory / "train.log").read_text()) if (directory / "train.log").is_file() else {}
+        log = (directory / "train.log").read_text() if (directory / "train.log").is_file() else ""
+        run.steps = cm.parse_log(log)
+        run.warnings = re.findall(r"igpo: warning: ([^\n]*)", log)  # the health monitor's lines
         run.dumps = {int(p.stem): question_scores(read_dump(p)) for p in (directory / "validation").glob("*.jsonl")}
         run.peak_mb = peak_mb(directory)
         run.digest = cm.model_digest(run)
@@ -273,8 +275,8 @@ def main() -> None:
                     lines.append(f"- {method} seed {run.seed}, step {last}: "
                                  f"{fmt(paired_change(other.dumps[last], run.dumps[last], 0), True)}")
 
-    lines += ["", "## Runs", "", "| method | seed | steps | median step s | peak memory MB (tree RSS) |",
-              "|---|---|---|---|---|"]
+    lines += ["", "## Runs", "", "| method | seed | steps | median step s | peak memory MB (tree RSS) | entropy step 1 "
+              "-> last | health warnings |", "|---|---|---|---|---|---|---|"]
     with (args.folder / "steps.csv").open("w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(["method", "seed", "step", *CURVES])
@@ -285,9 +287,11 @@ def main() -> None:
                     writer.writerow([method, run.seed, step] + [
                         f"{run.steps[step][k]:.4f}" if k in run.steps[step] else "" for k in CURVES])
                 times = [run.steps[s]["timing_s/step"] for s in trained[1:] if "timing_s/step" in run.steps[s]]
+                entropy = [run.steps[s]["actor/entropy"] for s in trained if "actor/entropy" in run.steps[s]]
                 lines.append(f"| {method} | {run.seed} | {len(trained)} | "
-                             f"{statistics.median(times):.1f} | {run.peak_mb:.0f} |" if times else
-                             f"| {method} | {run.seed} | {len(trained)} | - | {run.peak_mb:.0f} |")
+                             + (f"{statistics.median(times):.1f}" if times else "-") + f" | {run.peak_mb:.0f} | "
+                             + (f"{entropy[0]:.3f} -> {entropy[-1]:.3f}" if entropy else "-") + " | "
+                             + ("; ".join(w.replace("|", "/") for w in run.warnings) or "none") + " |")
     _plots(args.folder, runs, base)
     (args.folder / "summary.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -53,6 +53,9 @@ def test_the_summary_borrows_the_baselines_before_and_applies_the_learning_rule(
     make_run(tmp_path, "grpo-s1", {0: low, 2: low})
     make_run(tmp_path, "igpo-s0", {2: high})
     make_run(tmp_path, "igpo-s1", {2: low})
+    log = tmp_path / "runs" / "igpo-s1" / "train.log"
+    log.write_text(log.read_text() + "(TaskRunner pid=1) igpo: warning: well-formed tool calls fell to 0.10 of turns "
+                   "at step 2\n")
     monkeypatch.setattr("sys.argv", ["summarize_real_model.py", "--folder", str(tmp_path)])
     summary.main()
     text = (tmp_path / "summary.md").read_text()
@@ -60,6 +63,9 @@ def test_the_summary_borrows_the_baselines_before_and_applies_the_learning_rule(
     assert "**not shown**" in text.split("- grpo:")[1].splitlines()[0]
     assert "Model digest: a8eb51a63f99a6d8 (expected a8eb51a63f99a6d8): as expected." in text
     assert "held at every seed" in text
+    runs_table = text.split("## Runs")[1]
+    assert "| igpo | 1 | 2 | 80.0 | 5000 | - | well-formed tool calls fell to 0.10 of turns at step 2 |" in runs_table
+    assert "| grpo | 0 | 2 | 80.0 | 5000 | - | none |" in runs_table
     rows = (tmp_path / "validation.csv").read_text().splitlines()
     assert any(r.startswith("igpo,0,0,0.0625") for r in rows)  # before: grpo's step-0 dump at seed 0
     assert (tmp_path / "val_avg.png").is_file() and (tmp_path / "training.png").is_file()
