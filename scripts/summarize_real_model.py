@@ -15,7 +15,7 @@ the percentile bootstrap over questions (10,000 resamples, seed 0).
 Writes into ``<folder>``: ``summary.md``, ``validation.csv`` (method, seed, step, avg@k, pass@k, each with its
 bootstrap interval), ``steps.csv`` (the training curves), ``val_avg.png`` (held-out avg@k against step per method:
 each seed's line with its 95% bootstrap band over questions, and the mean over seeds) and ``training.png``
-(success, well-formed call share, tool calls, KL, entropy).
+(success, well-formed call share, tool calls, KL, entropy, information gain seen vs unseen).
 
 With ``--pilot`` it reads the pilot instead (``<folder>/lr<rate>/runs/grpo-s0/``, the plan's P1 and P2) and applies
 the plan's rule for the learning rate and the step count; it writes ``<folder>/summary.md``.
@@ -340,22 +340,28 @@ def _plots(folder: Path, runs: dict[str, list], base: dict) -> None:
     fig.savefig(folder / "val_avg.png", dpi=100)
     plt.close(fig)
 
+    # One panel a curve; the last one holds information gain on turns whose observation showed the answer (solid)
+    # and on those that did not (dashed), for the runs that compute it.
     keys = ("outcome/success_share", "health/wellformed_call_share", "igpo/turns_mean", "actor/kl_loss",
-            "actor/entropy")
+            "actor/entropy", ("igpo/ig_mean_answer_seen", "igpo/ig_mean_answer_unseen"))
     fig, axes = plt.subplots(1, len(keys), figsize=(4 * len(keys), 3.2))
-    for ax, key in zip(axes, keys):
-        for index, (method, group) in enumerate(runs.items()):
-            for run in group:
-                steps = sorted(s for s, m in run.steps.items() if s > 0 and key in m)
-                ax.plot(steps, [run.steps[s][key] for s in steps], color=f"C{index}", alpha=0.6,
-                        label=f"{method} s{run.seed}")
-        ax.set_title(key, fontsize=9)
+    for ax, panel in zip(axes, keys):
+        for key, style in zip((panel,) if isinstance(panel, str) else panel, ("-", "--")):
+            for index, (method, group) in enumerate(runs.items()):
+                for run in group:
+                    steps = sorted(s for s, m in run.steps.items() if s > 0 and key in m)
+                    if steps:
+                        ax.plot(steps, [run.steps[s][key] for s in steps], style, color=f"C{index}", alpha=0.6,
+                                label=f"{method} s{run.seed}")
+        ax.set_title(panel if isinstance(panel, str) else "information gain: answer seen (-), unseen (--)",
+                     fontsize=9)
         ax.set_xlabel("step")
-    axes[0].legend(fontsize=6)
+    drawn = [ax for ax in axes if ax.get_legend_handles_labels()[0]]
+    if drawn:
+        drawn[0].legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(folder / "training.png", dpi=100)
     plt.close(fig)
-
 
 if __name__ == "__main__":
     main()
