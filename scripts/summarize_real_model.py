@@ -363,5 +363,6 @@ def _plots(folder: Path, runs: dict[str, list], base: dict) -> None:
     fig.savefig(folder / "training.png", dpi=100)
     plt.close(fig)
 
+
 if __name__ == "__main__":
     main()
