@@ -96,6 +96,11 @@ def peak_mb(directory: Path) -> float:
     return float(peak.read_text()) if peak.is_file() else math.nan
 
 
+def health_warnings(log: str) -> list[str]:
+    """The health monitor's findings, which it writes into the training log as ``igpo: warning: ...`` lines."""
+    return re.findall(r"igpo: warning: ([^\n]*)", log)
+
+
 def load(folder: Path) -> dict[str, list]:
     runs: dict[str, list] = {}
     for directory in sorted((folder / "runs").glob("*-s*")):
@@ -103,7 +108,7 @@ def load(folder: Path) -> dict[str, list]:
         run = cm.Run(method, int(seed), directory)
         log = (directory / "train.log").read_text() if (directory / "train.log").is_file() else ""
         run.steps = cm.parse_log(log)
-        run.warnings = re.findall(r"igpo: warning: ([^\n]*)", log)  # the health monitor's lines
+        run.warnings = health_warnings(log)
         run.dumps = {int(p.stem): question_scores(read_dump(p)) for p in (directory / "validation").glob("*.jsonl")}
         run.peak_mb = peak_mb(directory)
         run.digest = cm.model_digest(run)
@@ -148,7 +153,7 @@ def pilot_figures(run_dir: Path) -> dict:
             "entropy_1": _mean(steps, "actor/entropy", [1]), "entropy_end": _mean(steps, "actor/entropy", trained[-1:]),
             "step_s": median("timing_s/step"), "gen_s": median("timing_s/gen"),
             "update_s": median("timing_s/update_actor"),
-            "warnings": len(re.findall(r"igpo: warning:", log)),  # the health monitor writes them into the log
+            "warnings": len(health_warnings(log)),
             "peak_mb": peak_mb(run_dir)}
 
 
