@@ -296,6 +296,18 @@ def _join_segments(directory: Path) -> None:
             earlier.unlink()
 
 
+# transformers resolves its names lazily, and not safely across threads: with --jobs 2, two runs that finished
+# together made one thread's `from transformers import AutoConfig` fail while the other thread was importing it
+# (ImportError, the comparison stopped). Exports take turns.
+_EXPORT_LOCK = threading.Lock()
+
+
+def export_policy(actor_dir: Path, target: Path) -> None:
+    """``export_actor``, one run at a time."""
+    with _EXPORT_LOCK:
+        export_actor(actor_dir, target)
+
+
 def run_one(run: Run, steps: int, val_every: int, extra: list[str], timeout_s: float, val_before: bool = True,
             trajectories: bool = False, validation_dumps: bool = False, checkpoint_every: int = 0,
             resume: bool = False) -> None:
@@ -352,7 +364,7 @@ def run_one(run: Run, steps: int, val_every: int, extra: list[str], timeout_s: f
         raise SystemExit(f"compare: {run.method} seed {run.seed} exited 0 but logged no step {steps}; see "
                          f"{run.directory / 'train.log'}")
     if checkpoint_every:  # the trained policy, for scripts/evaluate.py --model-path, before its checkpoints go
-        export_actor(run.directory / "checkpoints" / f"global_step_{steps}" / "actor", run.directory / "model")
+        export_policy(run.directory / "checkpoints" / f"global_step_{steps}" / "actor", run.directory / "model")
     shutil.rmtree(run.directory / "checkpoints", ignore_errors=True)
     run.wall_s = sum(end - start for start, end in run.intervals)
     (run.directory / "wall_s.txt").write_text(f"{run.wall_s:.1f}\n")

@@ -6,6 +6,8 @@ import csv
 import importlib.util
 import math
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -318,3 +320,26 @@ def test_peak_memory_follows_the_runs_own_process_tree_only(tmp_path):
         subprocess.run(["bash", "-c", f"{sys.executable} -S -c '{small}'"], env={**os.environ, "OUTPUT_DIR": str(mine)})
     assert 0 < memory.peak_bytes < 120 * 2**20
     assert float((mine / "peak_rss_mb.txt").read_text()) > 150
+
+
+def test_runs_finishing_together_export_their_policies_one_at_a_time(tmp_path, monkeypatch):
+    active, peak, done = [0], [0], []
+    guard = threading.Lock()
+
+    def export(actor_dir, target):
+        with guard:
+            active[0] += 1
+            peak[0] = max(peak[0], active[0])
+        time.sleep(0.05)
+        with guard:
+            active[0] -= 1
+        done.append(target)
+
+    monkeypatch.setattr(compare, "export_actor", export)
+    threads = [threading.Thread(target=compare.export_policy, args=(tmp_path / f"a{i}", tmp_path / f"m{i}"))
+               for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(done) == [tmp_path / f"m{i}" for i in range(4)] and peak[0] == 1
