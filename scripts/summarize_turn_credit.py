@@ -13,8 +13,8 @@ writes into ``<folder>``:
     paired.csv          method, seed, primary, the baseline's primary, difference, validation EM after
     steps.csv           method, seed, step, primary, training score, tool calls per trajectory, reach1-3
     turns.csv.gz        one row per turn of every logged training trajectory: method, seed, step, row, hops, turn,
-                        kind, applied advantage (mean over the turn's tokens in the loss), turn reward (the oracle's
-                        or IGPO's information gain where the method logs it), outcome score
+                        kind, applied advantage (mean over the turn's tokens in the loss), turn reward (the oracle's,
+                        IGPO's or IG-Search's information gain, TIPS's shaping reward), outcome score
     train_success.png   the primary measure per step, mean over seeds with the 95% t band, per method
     val_em.png          validation avg@8 exact match after training per seed and method (GRPO's before beside it)
 
@@ -52,7 +52,9 @@ FAMILY = ("igpo", "igpo_telescoped", "ig_search", "tips", "igpo_turnnorm")
 SUCCESSORS = ("igpo_telescoped", "ig_search", "tips", "igpo_turnnorm")
 # verl's validation aggregates print as np.float64(...): read those too.
 METRIC = re.compile(r"([A-Za-z0-9_@/\-.]+):(?:np\.float64\()?(-?[0-9.]+(?:[eE][-+]?[0-9]+)?|nan|inf)\)?")
-TURN_REWARD = ("oracle_reward", "information_gain")
+# The turn reward each method logs in its trajectory terms: the oracle's hop reward, information gain (IGPO and its
+# variants, IG-Search), TIPS's potential-based shaping reward.
+TURN_REWARD = ("oracle_reward", "information_gain", "shaping_reward")
 # What a repeated run may differ in: wall-clock timings, throughput, memory and the ETA.
 VOLATILE = ("timing_s/", "timing_per_token_ms/", "perf/", "actor/perf/", "progress/")
 
@@ -316,8 +318,8 @@ def turn_section(turns: list[list]) -> list[str]:
         return ["## What the turns did", "", "No trajectory logs.", ""]
     lines = ["## What the turns did (every training step and seed)", "",
              "Per method and question type: turns of each kind per trajectory, the mean applied advantage over the "
-             "turn's tokens, and the mean turn reward where the method logs one (the oracle's hop reward; IGPO's "
-             "information gain). Kinds: igpo/eval/turn_kinds.py.", "",
+             "turn's tokens, and the mean turn reward where the method logs one (the oracle's hop reward; the "
+             "information gain of IGPO and IG-Search; TIPS's shaping reward). Kinds: igpo/eval/turn_kinds.py.", "",
              "| method | hops | trajectories | " + " | ".join(KINDS) + " |", "|---|---|---|" + "---|" * len(KINDS)]
     groups: dict[tuple, list[list]] = {}
     for row in turns:

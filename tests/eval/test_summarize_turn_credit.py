@@ -1,11 +1,16 @@
 """scripts/summarize_turn_credit.py on the committed logs of the oracle gate's regime A (results/turn_credit/gate_A):
 its figures come back to the digit from the runs' own train.log files, and the repeat check against
-chain_compare_v2 applies only to runs of the same batch layout."""
+chain_compare_v2 applies only to runs of the same batch layout; the per-turn table reads each method's logged turn reward."""
 
 import importlib.util
+import json
+import math
 import shutil
 import sys
 from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 spec = importlib.util.spec_from_file_location("summarize_turn_credit", ROOT / "scripts" / "summarize_turn_credit.py")
@@ -70,3 +75,26 @@ def test_a_run_repeated_in_another_clone_is_compared_in_every_metric_but_timings
     (check / "wall_s.txt").unlink()
     [line] = summary.repeat_lines(tmp_path, {"grpo": [used]}, 12)
     assert "**not compared** (not finished here)" in line, line
+
+
+def test_the_per_turn_table_reads_tips_shaping_reward_as_its_turn_reward(tmp_path):
+    # One line of a TIPS run's trajectory log (rows_A, tips seed 0, step 1), token ids left out.
+    record = {"igpo_turn_ends": [20, 102, 166, 231], "igpo_boundaries": [77, 159, 241, 299],
+              "igpo_tool_names": ["search", "search", None, None],
+              "igpo_tool_status": ["ok", "ok", "malformed", "answer"],
+              "igpo_turn_format_ok": [True, True, False, False], "igpo_answer_seen": [False, True, False],
+              "igpo_hop_right": [True, True, False, False], "igpo_question": "Mentor of the mentor of @Tuskfi",
+              "igpo_stop_reason": "answer", "igpo_num_turns": 4}
+    line = {"step": 1, "uid": "s0000001p000000000", "prompt_ids": [], "response_ids": [0] * 232,
+            "response_mask": [], "score": 0.0, "record": record,
+            "advantage": [[0, 21, -0.822], [82, 103, -1.041], [164, 167, -0.831], [222, 232, -0.831]],
+            "turn_spans": [[0, 21], [82, 103], [164, 167], [222, 232]],
+            "terms": {"teacher_potential": [-7.531, -4.322, -0.079, None],
+                      "shaping_reward": [0.087, 0.108, None, None], "outcome": 0.0}}
+    run_dir = tmp_path / "tips-s0"
+    (run_dir / "trajectories").mkdir(parents=True)
+    (run_dir / "trajectories" / "step_000001.jsonl").write_text(json.dumps(line) + "\n")
+    rows = summary.turn_rows(SimpleNamespace(method="tips", seed=0, directory=run_dir))
+    assert [row[6] for row in rows][:2] == ["next_hop", "answer_hop"]
+    assert [row[7] for row in rows] == pytest.approx([-0.822, -1.041, -0.831, -0.831])
+    assert rows[0][8] == 0.087 and rows[1][8] == 0.108 and math.isnan(rows[2][8]) and math.isnan(rows[3][8])
