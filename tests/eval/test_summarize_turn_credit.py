@@ -1,6 +1,6 @@
 """scripts/summarize_turn_credit.py on the committed logs of the oracle gate's regime A (results/turn_credit/gate_A):
-its figures come back to the digit from the runs' own train.log files, and the repeat check against
-chain_compare_v2 applies only to runs of the same batch layout; the per-turn table reads each method's logged turn reward."""
+its figures come back to the digit from the runs' own train.log files, the repeat check against chain_compare_v2
+applies only to runs of the same batch layout, and the per-turn table reads each method's logged turn reward."""
 
 import importlib.util
 import json
