@@ -52,9 +52,6 @@ FAMILY = ("igpo", "igpo_telescoped", "ig_search", "tips", "igpo_turnnorm")
 SUCCESSORS = ("igpo_telescoped", "ig_search", "tips", "igpo_turnnorm")
 # verl's validation aggregates print as np.float64(...): read those too.
 METRIC = re.compile(r"([A-Za-z0-9_@/\-.]+):(?:np\.float64\()?(-?[0-9.]+(?:[eE][-+]?[0-9]+)?|nan|inf)\)?")
-# The turn reward each method logs in its trajectory terms: the oracle's hop reward, information gain (IGPO and its
-# variants, IG-Search), TIPS's potential-based shaping reward.
-TURN_REWARD = ("oracle_reward", "information_gain", "shaping_reward")
 # What a repeated run may differ in: wall-clock timings, throughput, memory and the ETA.
 VOLATILE = ("timing_s/", "timing_per_token_ms/", "perf/", "actor/perf/", "progress/")
 
@@ -93,10 +90,20 @@ def val_metrics(run) -> dict[str, float]:
     return out
 
 
+def turn_reward_terms() -> tuple[str, ...]:
+    """The names under which the registered methods log their per-turn reward in the trajectory terms (each method's
+    ``gain_term``: the oracle's hop reward, information gain, TIPS's shaping reward)."""
+    from igpo.integration.methods import METHODS, load_methods
+
+    load_methods({})
+    return tuple(sorted({cls.gain_term for cls in METHODS.values() if getattr(cls, "gain_term", None)}))
+
+
 def turn_rows(run) -> list[list]:
     """One row per turn of every trajectory in the run's trajectory log (empty without one)."""
     from igpo.integration.trajectory_log import read_step, token_advantages
 
+    names = turn_reward_terms()
     rows = []
     for path in sorted((run.directory / "trajectories").glob("step_*.jsonl")):
         for index, line in enumerate(read_step(path)):
@@ -107,7 +114,7 @@ def turn_rows(run) -> list[list]:
             kinds = turn_kinds(record, hops)
             per_token = token_advantages(line) if "advantage" in line else []
             terms = line.get("terms") or {}
-            reward = next((terms[name] for name in TURN_REWARD if isinstance(terms.get(name), list)), None)
+            reward = next((terms[name] for name in names if isinstance(terms.get(name), list)), None)
             spans = line.get("turn_spans") or []
             for turn, kind in enumerate(kinds):
                 advantage = math.nan
