@@ -1,8 +1,10 @@
 """Summarise the turn-credit comparison (results/turn_credit/plan.md): the oracle gate, the rows, the per-turn table.
 
 Reads the runs that ``scripts/compare_methods.py`` left under ``<folder>/<comparison>/runs/<method>-s<seed>/``
-(``train.log``, ``console.log`` and, with ``--trajectories``, the trajectory log ``trajectories/step_*.jsonl``) and
-writes into ``<folder>``:
+(``train.log``, ``console.log`` and, with ``--trajectories``, the trajectory log ``trajectories/step_*.jsonl``, whose
+per-turn rows it also writes to the run's own ``turns.csv.gz`` and reads from there once the log is gone: the logs are
+not kept in git, so a comparison resumed in a fresh checkout still has every finished run's turns) and writes into
+``<folder>``:
 
     summary.md          the checks the plan fixes (model digest, calibration bounds, the oracle working, step-1
                         pairing, repeat of chain_compare_v2's GRPO runs), the gate (oracle − GRPO on the primary
@@ -97,6 +99,42 @@ def turn_reward_terms() -> tuple[str, ...]:
 
     load_methods({})
     return tuple(sorted({cls.gain_term for cls in METHODS.values() if getattr(cls, "gain_term", None)}))
+
+
+TURN_COLUMNS = ["method", "seed", "step", "row", "hops", "turn", "kind", "advantage", "turn_reward", "score"]
+RUN_TURNS = "turns.csv.gz"  # a run's own per-turn rows, beside its logs
+
+
+def run_turns(run) -> list[list]:
+    """The run's per-turn rows: from its trajectory log when it has one (and then also written to the run's
+    ``turns.csv.gz``), else from that file, kept in git where the trajectory log (2 MB a run) is not; empty without
+    either."""
+    kept = run.directory / RUN_TURNS
+    if any((run.directory / "trajectories").glob("step_*.jsonl")):
+        rows = turn_rows(run)
+        write_turns(kept, rows)
+        return rows
+    if not kept.is_file():
+        return []
+    with gzip.open(kept, "rt", newline="") as handle:
+        reader = csv.reader(handle)
+        header = next(reader, None)
+        if header != TURN_COLUMNS:
+            raise SystemExit(f"{kept}: columns {header}, expected {TURN_COLUMNS}; write it again from the run's "
+                             f"trajectory log")
+        rows = [[r[0], int(r[1]), int(r[2]), int(r[3]), int(r[4]), int(r[5]), r[6], float(r[7]), float(r[8]),
+                 float(r[9])] for r in reader]
+    if any(r[0] != run.method or r[1] != run.seed for r in rows):
+        raise SystemExit(f"{kept}: holds turns of another run than {run.method} seed {run.seed}")
+    return rows
+
+
+def write_turns(path: Path, rows: list[list]) -> None:
+    with gzip.open(path, "wt", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(TURN_COLUMNS)
+        for row in rows:
+            writer.writerow([f"{v:.5g}" if isinstance(v, float) else v for v in row])
 
 
 def turn_rows(run) -> list[list]:
@@ -370,12 +408,8 @@ def main() -> None:
     if not runs:
         parser.error(f"no finished run under {args.folder} ({'; '.join(notes) or 'nothing found'})")
 
-    turns = [row for group in runs.values() for r in group for row in turn_rows(r)]
-    with gzip.open(args.folder / "turns.csv.gz", "wt", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(["method", "seed", "step", "row", "hops", "turn", "kind", "advantage", "turn_reward", "score"])
-        for row in turns:
-            writer.writerow([f"{v:.5g}" if isinstance(v, float) else v for v in row])
+    turns = [row for group in runs.values() for r in group for row in run_turns(r)]
+    write_turns(args.folder / "turns.csv.gz", turns)
     with (args.folder / "steps.csv").open("w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(["method", "seed", "step", "primary", "train_score", "tool_calls_per_trajectory",

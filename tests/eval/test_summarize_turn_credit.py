@@ -40,6 +40,10 @@ def test_gate_a_is_summarised_again_from_its_committed_logs(tmp_path, monkeypatc
     assert "**The gate does not pass**" in text
     assert "seed 0: identical; seed 1: identical" in text  # GRPO seeds 0-1 repeat chain_compare_v2 (8x8 both)
     assert "Model digest: 607a9ea80d998160 (expected 607a9ea80d998160): **as expected**" in text
+    # The per-turn table, read now from each run's kept turns.csv.gz (the trajectory logs are not in git), is the one
+    # the committed summary wrote from the trajectory logs themselves.
+    table = [line for line in committed.split("## What the turns did")[1].splitlines() if line.startswith("| ")]
+    assert len(table) == 5 and all(line in text.split("## What the turns did")[1] for line in table), text
 
 
 def test_the_repeat_check_is_not_applied_across_batch_layouts(tmp_path):
@@ -98,3 +102,13 @@ def test_the_per_turn_table_reads_tips_shaping_reward_as_its_turn_reward(tmp_pat
     assert [row[6] for row in rows][:2] == ["next_hop", "answer_hop"]
     assert [row[7] for row in rows] == pytest.approx([-0.822, -1.041, -0.831, -0.831])
     assert rows[0][8] == 0.087 and rows[1][8] == 0.108 and math.isnan(rows[2][8]) and math.isnan(rows[3][8])
+    # The run's rows are kept beside its logs and read back from there once the trajectory log is gone.
+    assert summary.run_turns(SimpleNamespace(method="tips", seed=0, directory=run_dir)) == rows
+    shutil.rmtree(run_dir / "trajectories")
+    again = summary.run_turns(SimpleNamespace(method="tips", seed=0, directory=run_dir))
+    assert [r[:7] for r in again] == [r[:7] for r in rows]
+    assert [r[7] for r in again] == pytest.approx([r[7] for r in rows], rel=1e-4)
+    assert again[0][8] == 0.087 and math.isnan(again[2][8])
+    with pytest.raises(SystemExit, match="another run than tips seed 1"):
+        summary.run_turns(SimpleNamespace(method="tips", seed=1, directory=run_dir))
+    assert summary.run_turns(SimpleNamespace(method="tips", seed=0, directory=tmp_path)) == []
