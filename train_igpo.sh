@@ -185,6 +185,9 @@ else
         # Which model this run trains: the build is seeded and single-machine deterministic (same digest on every
         # rebuild here); another CPU type may round differently and print another digest (README "CPU demo").
         echo "igpo: demo model sha256 $(sha256sum "$MODEL_PATH/model.safetensors" | cut -c1-16)"
+    elif [ -f "$MODEL_PATH/model.safetensors" ]; then
+        # A model given on purpose (e.g. one kept in git so that runs on another CPU type train the same weights).
+        echo "igpo: demo model sha256 $(sha256sum "$MODEL_PATH/model.safetensors" | cut -c1-16) (MODEL_PATH)"
     fi
     TRAIN_FILE="${TRAIN_FILE:-$WORLD/train.parquet}"
     VAL_FILE="${VAL_FILE:-$WORLD/val.parquet}"

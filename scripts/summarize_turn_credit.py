@@ -171,11 +171,12 @@ def fmt(value: float, digits: int = 3, sign: bool = False) -> str:
     return f"{value:+.{digits}f}" if sign else f"{value:.{digits}f}"
 
 
-def checks(runs: dict[str, list], baseline: str, gate: str, steps: int, folder: Path) -> list[str]:
+def checks(runs: dict[str, list], baseline: str, gate: str, steps: int, folder: Path,
+           expected_model: str = EXPECTED_MODEL) -> list[str]:
     lines = ["## Checks the plan fixes", ""]
     digests = {cm.model_digest(r) for group in runs.values() for r in group}
-    lines.append(f"- Model digest: {', '.join(sorted(str(d) for d in digests))} (expected {EXPECTED_MODEL}): "
-                 + ("**as expected**." if digests == {EXPECTED_MODEL} else "**NOT as expected**: the comparison "
+    lines.append(f"- Model digest: {', '.join(sorted(str(d) for d in digests))} (expected {expected_model}): "
+                 + ("**as expected**." if digests == {expected_model} else "**NOT as expected**: the comparison "
                     "stops until this is explained."))
     base = runs.get(baseline, [])
     if base:
@@ -395,6 +396,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--baseline", default="grpo")
     parser.add_argument("--gate", default="oracle")
+    parser.add_argument("--expected-model", default=EXPECTED_MODEL, metavar="SHA256_16",
+                        help=f"the model digest every run must print (default {EXPECTED_MODEL}, the plan's)")
     args = parser.parse_args()
     if args.comparisons:
         comparisons = [c.strip() for c in args.comparisons.split(",") if c.strip()]
@@ -453,7 +456,7 @@ def main() -> None:
              + ", ".join(f"{m} {statistics.fmean(r.wall_s for r in g):.0f} s" for m, g in runs.items()) + ".", ""]
     if notes:
         lines += ["Skipped: " + "; ".join(notes) + ".", ""]
-    lines += checks(runs, args.baseline, args.gate, args.steps, args.folder) + gate_lines
+    lines += checks(runs, args.baseline, args.gate, args.steps, args.folder, args.expected_model) + gate_lines
     lines += rows_section(runs, args.baseline, args.steps) + val_lines + turn_section(turns)
     (args.folder / "summary.md").write_text("\n".join(lines))
     print("\n".join(lines))

@@ -272,17 +272,21 @@ def _verify_against_loop(tokenizer: Any, tools: LocalTools, pairs: list[tuple[De
 
 
 def world_examples(tokenizer: Any, tools: LocalTools, world: Any, config: WarmStartConfig, *, plans_per_question: int,
-                   model_type: str | None = None) -> tuple[list[Example], dict[str, int]]:
+                   model_type: str | None = None,
+                   chain_plan: tuple[float, float] | None = None) -> tuple[list[Example], dict[str, int]]:
     """Warm-start sequences for the generated world (``igpo.demo.world``): every training question played
     ``plans_per_question`` times by the imperfect policy of ``demo_world.warm_start_plan``, each one run through the
     real ``IGPOAgentLoop`` with a scripted server, so every sequence is the loop's own layout (prompt, tool turns,
     observations as the loop frames and truncates them, answer) with its loss mask. A plan the loop cannot play to
-    its end (it would force the answer earlier, e.g. for lack of context) is skipped and counted."""
+    its end (it would force the answer earlier, e.g. for lack of context) is skipped and counted. ``chain_plan``:
+    the chain questions' (p_no_search, p_next_hop), default the world's calibrated ``CHAIN_P_*``."""
     from igpo.agent import records  # torch: imported where a loop runs, not by the launcher's cache check (main)
 
     eot_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
     rng = random.Random(config.seed)
-    jobs = [(q, warm_start_plan(world, q, rng)) for q in world.questions("train") for _ in range(plans_per_question)]
+    chain = {"chain": chain_plan} if chain_plan else {}
+    jobs = [(q, warm_start_plan(world, q, rng, **chain)) for q in world.questions("train")
+            for _ in range(plans_per_question)]
 
     async def play(index: int, question: Any, plan: Any) -> tuple[Example | None, str]:
         turns = [search_turn(query) for query in plan.queries] + [answer_turn(plan.answer)]
@@ -486,7 +490,8 @@ def heldout_questions(corpus: Path, tools: LocalTools, config: WarmStartConfig) 
 
 
 def warm_start(model_dir: str | Path, corpus: str | Path, out_dir: str | Path, *, seconds: float | None = None,
-               seed: int | None = None, config: WarmStartConfig | None = None, world: Any = None) -> Path:
+               seed: int | None = None, config: WarmStartConfig | None = None, world: Any = None,
+               chain_plan: tuple[float, float] | None = None) -> Path:
     """Warm-start the checkpoint in ``model_dir`` on synthetic search-then-answer trajectories; save to ``out_dir``.
 
     Args:
@@ -497,6 +502,8 @@ def warm_start(model_dir: str | Path, corpus: str | Path, out_dir: str | Path, *
         config: everything else; defaults to ``WarmStartConfig()`` (the CPU demo's sizes).
         world: a ``igpo.demo.world.World`` whose corpus ``corpus`` is: train on its questions with the imperfect
             policy of ``demo_world.warm_start_plan`` instead of the corpus-title questions.
+        chain_plan: with ``world``, the chain questions' (p_no_search, p_next_hop) instead of the calibrated defaults
+            (a model calibrated on another CPU type: results/turn_credit/plan.md).
     Returns:
         ``out_dir``, loadable with ``AutoModelForCausalLM`` / ``AutoTokenizer``. Its stamp holds the loss curve.
     """
@@ -515,7 +522,7 @@ def warm_start(model_dir: str | Path, corpus: str | Path, out_dir: str | Path, *
         if world is not None:
             examples, skipped = world_examples(tokenizer, tools, world, config,
                                                plans_per_question=config.examples_per_passage,
-                                               model_type=_model_type(model_dir))
+                                               model_type=_model_type(model_dir), chain_plan=chain_plan)
         else:
             examples, skipped = build_examples(tokenizer, tools, training_questions(corpus, tools, config), config,
                                                _model_type(model_dir))
@@ -726,9 +733,23 @@ def main() -> None:
                         help="train on the practice world of the generated world of this seed (igpo.demo.world; "
                              "--corpus is its practice_corpus.jsonl) instead of the corpus-title questions")
     parser.add_argument("--task", default="hops", help="the world's task with --world-seed: hops or chain")
+    parser.add_argument("--chain-plan", default=None, metavar="P_NO_SEARCH,P_NEXT_HOP",
+                        help="with --task chain: the warm-start policy's probabilities (default: the calibrated "
+                             "igpo.demo.world.CHAIN_P_NO_SEARCH, CHAIN_P_NEXT_HOP)")
     args = parser.parse_args()
+    chain_plan = None
+    if args.chain_plan is not None:
+        try:
+            chain_plan = tuple(float(v) for v in args.chain_plan.split(","))
+        except ValueError:
+            chain_plan = ()
+        if args.task != "chain" or args.world_seed is None:
+            parser.error("--chain-plan applies to the chain task's world only: add --task chain --world-seed N")
+        if len(chain_plan) != 2 or not all(0.0 <= p <= 1.0 for p in chain_plan):
+            parser.error(f"--chain-plan {args.chain_plan}: give two probabilities, e.g. 0.35,0.5")
     stamp_path = Path(args.out) / STAMP
-    key = (inputs_key(Path(args.base), Path(args.corpus), {k: v for k, v in vars(args).items() if k != "eval"})
+    key = (inputs_key(Path(args.base), Path(args.corpus), {k: v for k, v in vars(args).items()
+                                                          if k != "eval" and not (k == "chain_plan" and v is None)})
            if Path(args.base).is_dir() and Path(args.corpus).is_file() else None)  # else warm_start says what is wrong
     if key and not args.eval and stamp_path.is_file() and json.loads(stamp_path.read_text()).get("inputs_key") == key:
         print(args.out)
@@ -740,7 +761,7 @@ def main() -> None:
         world = practice_world(build_world(WorldConfig(seed=args.world_seed, task=args.task)), args.world_seed)
         config = warm_start_config(max_steps=args.steps, task=args.task)
     out = warm_start(args.base, args.corpus, args.out, seconds=args.seconds, seed=args.seed, config=config,
-                     world=world)
+                     world=world, chain_plan=chain_plan)
     stamp = json.loads((Path(out) / STAMP).read_text())
     if key:
         stamp_path.write_text(json.dumps({**stamp, "inputs_key": key}, indent=1))

@@ -259,17 +259,19 @@ class PlannedTrajectory:
 
 
 def warm_start_plan(world: World, question: Question, rng: random.Random, *, p_no_search: float = 0.6,
-                    p_second_hop: float = 0.3) -> PlannedTrajectory:
+                    p_second_hop: float = 0.3,
+                    chain: tuple[float, float] = (CHAIN_P_NO_SEARCH, CHAIN_P_NEXT_HOP)) -> PlannedTrajectory:
     """One trajectory of the imperfect policy the demo model is warm-started into.
 
     It answers at once with probability ``p_no_search``, with a random entity of the asked kind (so the position
     after the prompt is an answering position too, and information gain is not just "answering after an
     observation"); otherwise it searches the asked person and, for a one-hop question, answers the company it read.
     For a two-hop question it searches that company with probability ``p_second_hop`` and answers its city;
-    otherwise it answers right after the first observation with a random city.
+    otherwise it answers right after the first observation with a random city. A chain question is played by
+    ``chain_plan`` with ``chain`` = (p_no_search, p_next_hop).
     """
     if question.kind in CHAIN_QUESTIONS:
-        return chain_plan(world, question, rng)
+        return chain_plan(world, question, rng, p_no_search=chain[0], p_next_hop=chain[1])
     if rng.random() < p_no_search:
         pool = list(world.hq) if question.kind == "employer" else list(world.cities)
         return PlannedTrajectory((), rng.choice(pool))

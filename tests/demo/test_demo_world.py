@@ -5,6 +5,7 @@ import random
 from pathlib import Path
 
 import pyarrow.parquet as pq
+import pytest
 import yaml
 
 from igpo.demo import world as demo_world
@@ -137,6 +138,43 @@ def test_chain_warm_start_policy_knows_the_protocol_but_often_stops_before_the_e
         assert list(p.queries) == world.chain(q)[:len(p.queries)]
     assert all(p.answer == q.answer for q, p in searched if len(p.queries) == q.hops)
 
+
+
+def test_the_chain_plan_probabilities_can_be_given_and_default_to_the_calibrated_ones():
+    """warmstart --chain-plan (a model calibrated on another CPU type) reaches chain_plan; without it the plans are
+    the calibrated defaults' draw for draw."""
+    world = practice_world(build_world(WorldConfig(task="chain")), 0)
+    questions = world.questions("train")
+    default = [warm_start_plan(world, q, random.Random(1)) for q in questions]
+    same = [warm_start_plan(world, q, random.Random(1), chain=(demo_world.CHAIN_P_NO_SEARCH,
+                                                              demo_world.CHAIN_P_NEXT_HOP)) for q in questions]
+    assert default == same
+    rng = random.Random(0)
+    plans = [(q, warm_start_plan(world, q, rng, chain=(0.0, 1.0))) for q in questions]
+    assert all(list(p.queries) == world.chain(q) and p.answer == q.answer for q, p in plans)
+    rng = random.Random(0)
+    assert all(not p.queries for p in (warm_start_plan(world, q, rng, chain=(1.0, 0.5)) for q in questions))
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["--chain-plan", "0.35"], "give two probabilities"),
+    (["--chain-plan", "0.35,1.5"], "give two probabilities"),
+    (["--chain-plan", "a,b"], "give two probabilities"),
+])
+def test_warmstart_chain_plan_errors_name_the_value(argv, fragment, tmp_path, monkeypatch, capsys):
+    from igpo.demo import warmstart
+
+    monkeypatch.setattr("sys.argv", ["warmstart", "--base", str(tmp_path), "--corpus", str(tmp_path / "c.jsonl"),
+                                     "--out", str(tmp_path / "out"), "--task", "chain", "--world-seed", "0", *argv])
+    with pytest.raises(SystemExit):
+        warmstart.main()
+    err = capsys.readouterr().err
+    assert fragment in err and argv[1] in err, err
+    monkeypatch.setattr("sys.argv", ["warmstart", "--base", str(tmp_path), "--corpus", str(tmp_path / "c.jsonl"),
+                                     "--out", str(tmp_path / "out"), "--chain-plan", "0.3,0.5"])
+    with pytest.raises(SystemExit):
+        warmstart.main()
+    assert "add --task chain --world-seed N" in capsys.readouterr().err
 
 def test_cpu_demo_chain_config_matches_the_chain_settings():
     text = (REPO / "configs" / "demo" / "chain.yaml").read_text()
