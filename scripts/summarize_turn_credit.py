@@ -206,24 +206,29 @@ def checks(runs: dict[str, list], baseline: str, gate: str, steps: int, folder: 
                 unpaired.append(f"{method} seed {run.seed}")
     lines.append(f"- Step-1 pairing (every arm's step-1 {', '.join(f'`{k}`' for k in keys)} equal to {baseline}'s at "
                  f"its seed): **{'held at every seed' if not unpaired else 'broken: ' + ', '.join(unpaired)}**.")
-    earlier = ROOT / "results" / "chain_compare_v2" / "runs"
-    repeats = []
-    for run in base:
-        log = earlier / f"{baseline}-s{run.seed}" / "train.log"
-        if run.seed > 1 or not log.is_file():
-            continue
-        here, there = batch_layout(run.directory), batch_layout(log.parent)
-        if here != there:  # another regime: nothing to repeat
-            repeats.append(f"seed {run.seed}: not applicable (batch {here} here, {there} there)")
-            continue
-        old = cm.parse_log(log.read_text())
-        same = all(old.get(s, {}).get(k) == run.steps.get(s, {}).get(k)
-                   for s in range(1, steps + 1) for k in ("critic/score/mean", "igpo/turns_mean"))
-        repeats.append(f"seed {run.seed}: {'identical' if same else 'different'}")
+    repeats = [line for line in (earlier_repeat(run, baseline, steps) for run in base) if line]
     if repeats:
         lines.append(f"- {baseline} against chain_compare_v2's runs at the same seed (training score and turns at "
                      f"steps 1-{steps}; only the validation's sample count differs): {'; '.join(repeats)}.")
     return lines + repeat_lines(folder, runs, steps) + [""]
+
+
+def earlier_repeat(run, baseline: str, steps: int, earlier: Path = ROOT / "results" / "chain_compare_v2" / "runs"):
+    """Whether a baseline run at seed 0 or 1 repeats chain_compare_v2's at its seed (training score and turns at every
+    step), or why that does not apply (another batch layout, another model); None where there is no such run."""
+    log = earlier / f"{baseline}-s{run.seed}" / "train.log"
+    if run.seed > 1 or not log.is_file():
+        return None
+    here, there = batch_layout(run.directory), batch_layout(log.parent)
+    if here != there:  # another regime: nothing to repeat
+        return f"seed {run.seed}: not applicable (batch {here} here, {there} there)"
+    here, there = cm.model_digest(run), cm.console_value(log.parent, r"demo model sha256 ([0-9a-f]{16})")
+    if here != there:  # another model (e.g. one built on another CPU type): nothing to repeat
+        return f"seed {run.seed}: not applicable (model {here} here, {there} there)"
+    old = cm.parse_log(log.read_text())
+    same = all(old.get(s, {}).get(k) == run.steps.get(s, {}).get(k)
+               for s in range(1, steps + 1) for k in ("critic/score/mean", "igpo/turns_mean"))
+    return f"seed {run.seed}: {'identical' if same else 'different'}"
 
 
 def repeat_lines(folder: Path, runs: dict[str, list], steps: int) -> list[str]:

@@ -55,6 +55,24 @@ def test_the_repeat_check_is_not_applied_across_batch_layouts(tmp_path):
     assert summary.batch_layout(tmp_path) is None
 
 
+def test_the_repeat_check_against_chain_compare_v2_is_not_applied_to_another_model(tmp_path):
+    """A run of the same layout on another demo model (built on another CPU type, or pinned) is not a repeat of
+    chain_compare_v2's; the committed gate_A run at seed 0 still is."""
+    used = summary.cm.Run("grpo", 0, COMMITTED / "gate_A" / "runs" / "grpo-s0")
+    assert summary.cm.load_finished(used, 12)
+    assert summary.earlier_repeat(used, "grpo", 12) == "seed 0: identical"
+    other = tmp_path / "grpo-s0"
+    shutil.copytree(used.directory, other)
+    console = (other / "console.log").read_text()
+    (other / "console.log").write_text(console.replace("demo model sha256 607a9ea80d998160",
+                                                       "demo model sha256 ab3e9e6bcc97c34a (MODEL_PATH)"))
+    run = summary.cm.Run("grpo", 0, other)
+    assert summary.cm.load_finished(run, 12)
+    assert summary.earlier_repeat(run, "grpo", 12) == (
+        "seed 0: not applicable (model ab3e9e6bcc97c34a here, 607a9ea80d998160 there)")
+    assert summary.earlier_repeat(summary.cm.Run("grpo", 2, other), "grpo", 12) is None
+
+
 def test_a_run_repeated_in_another_clone_is_compared_in_every_metric_but_timings(tmp_path):
     """The plan's amendment reuses gate_A's GRPO arm for the rows only if GRPO seed 0, run again in the rows' clone
     (``rows_A_check``), logs the same metrics at every step: a copy of the committed run is identical; one changed
