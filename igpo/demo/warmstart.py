@@ -748,8 +748,7 @@ def main() -> None:
         if len(chain_plan) != 2 or not all(0.0 <= p <= 1.0 for p in chain_plan):
             parser.error(f"--chain-plan {args.chain_plan}: give two probabilities, e.g. 0.35,0.5")
     stamp_path = Path(args.out) / STAMP
-    key = (inputs_key(Path(args.base), Path(args.corpus), {k: v for k, v in vars(args).items()
-                                                          if k != "eval" and not (k == "chain_plan" and v is None)})
+    key = (inputs_key(Path(args.base), Path(args.corpus), {k: v for k, v in vars(args).items() if k != "eval"})
            if Path(args.base).is_dir() and Path(args.corpus).is_file() else None)  # else warm_start says what is wrong
     if key and not args.eval and stamp_path.is_file() and json.loads(stamp_path.read_text()).get("inputs_key") == key:
         print(args.out)
