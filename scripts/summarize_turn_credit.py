@@ -4,7 +4,7 @@ Reads the runs that ``scripts/compare_methods.py`` left under ``<folder>/<compar
 (``train.log``, ``console.log`` and, with ``--trajectories``, the trajectory log ``trajectories/step_*.jsonl``, whose
 per-turn rows it also writes to the run's own ``turns.csv.gz`` and reads from there once the log is gone: the logs are
 not kept in git, so a comparison resumed in a fresh checkout still has every finished run's turns) and writes into
-``<folder>``:
+``<folder>`` (or ``--out``):
 
     summary.md          the checks the plan fixes (model digest, calibration bounds, the oracle working, step-1
                         pairing, repeat of chain_compare_v2's GRPO runs), the gate (oracle − GRPO on the primary
@@ -23,6 +23,8 @@ not kept in git, so a comparison resumed in a fresh checkout still has every fin
 Usage (from the repository root, with the CPU .venv):
     python scripts/summarize_turn_credit.py                      # results/turn_credit, every comparison in it
     python scripts/summarize_turn_credit.py --comparisons gate_A
+    python scripts/summarize_turn_credit.py --comparisons A2 --out results/turn_credit/A2 \
+        --expected-model ab3e9e6bcc97c34a --repeats A2_2026-12-08_check     # the pinned model's comparison
 A comparison still running is summarised over its finished runs; the summary says how many seeds each method has.
 """
 
@@ -172,7 +174,7 @@ def fmt(value: float, digits: int = 3, sign: bool = False) -> str:
 
 
 def checks(runs: dict[str, list], baseline: str, gate: str, steps: int, folder: Path,
-           expected_model: str = EXPECTED_MODEL) -> list[str]:
+           expected_model: str = EXPECTED_MODEL, repeats_in: list[str] | None = None) -> list[str]:
     lines = ["## Checks the plan fixes", ""]
     digests = {cm.model_digest(r) for group in runs.values() for r in group}
     lines.append(f"- Model digest: {', '.join(sorted(str(d) for d in digests))} (expected {expected_model}): "
@@ -210,7 +212,7 @@ def checks(runs: dict[str, list], baseline: str, gate: str, steps: int, folder: 
     if repeats:
         lines.append(f"- {baseline} against chain_compare_v2's runs at the same seed (training score and turns at "
                      f"steps 1-{steps}; only the validation's sample count differs): {'; '.join(repeats)}.")
-    return lines + repeat_lines(folder, runs, steps) + [""]
+    return lines + repeat_lines(folder, runs, steps, repeats_in) + [""]
 
 
 def earlier_repeat(run, baseline: str, steps: int, earlier: Path = ROOT / "results" / "chain_compare_v2" / "runs"):
@@ -231,12 +233,15 @@ def earlier_repeat(run, baseline: str, steps: int, earlier: Path = ROOT / "resul
     return f"seed {run.seed}: {'identical' if same else 'different'}"
 
 
-def repeat_lines(folder: Path, runs: dict[str, list], steps: int) -> list[str]:
-    """Each run of a ``<name>_check`` comparison in ``folder`` (a run repeated in another clone before its arm is
-    reused there: the plan's amendment) against the run this summary uses at its method and seed: every metric the
-    log has at steps 1-``steps`` but the ``VOLATILE`` ones must be equal."""
+def repeat_lines(folder: Path, runs: dict[str, list], steps: int, repeats_in: list[str] | None = None) -> list[str]:
+    """Each run of a ``<name>_check`` comparison in ``folder`` (or of the comparisons ``repeats_in`` names: a run
+    repeated in another clone, or on another machine, before its arm is reused there: the plan's amendments) against
+    the run this summary uses at its method and seed: every metric the log has at steps 1-``steps`` but the
+    ``VOLATILE`` ones must be equal."""
     lines = []
-    for directory in sorted(folder.glob("*_check/runs/*-s*")):
+    found = (folder.glob("*_check/runs/*-s*") if repeats_in is None
+             else (d for name in repeats_in for d in (folder / name / "runs").glob("*-s*")))
+    for directory in sorted(found):
         method, _, seed = directory.name.rpartition("-s")
         check = cm.Run(method, int(seed), directory)
         where = f"{method} seed {seed} repeated in `{directory.parent.parent.name}`"
@@ -245,12 +250,17 @@ def repeat_lines(folder: Path, runs: dict[str, list], steps: int) -> list[str]:
             why = "no run of that method and seed to compare against" if used is None else "not finished here"
             lines.append(f"- {where}: **not compared** ({why}).")
             continue
+        models = cm.model_digest(check), cm.model_digest(used)
+        if models[0] != models[1]:
+            lines.append(f"- {where}: **not compared** (another model: {models[0]} there, {models[1]} in "
+                         f"`{used.comparison}`).")
+            continue
         differing = sorted({key for step in range(1, steps + 1)
                             for key in set(check.steps.get(step, {})) | set(used.steps.get(step, {}))
                             if not key.startswith(VOLATILE)
                             and check.steps.get(step, {}).get(key) != used.steps.get(step, {}).get(key)})
-        verdict = ("**identical**: the arm is reused" if not differing else
-                   f"**different** in {len(differing)} metrics ({', '.join(differing[:6])}): the arm must run again")
+        verdict = ("**identical**" if not differing else
+                   f"**different** in {len(differing)} metrics ({', '.join(differing[:6])})")
         lines.append(f"- {where} against `{used.comparison}`'s run (every metric at steps 1-{steps} but wall-clock "
                      f"timings, throughput, memory and the ETA): {verdict}.")
     return lines
@@ -401,6 +411,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--baseline", default="grpo")
     parser.add_argument("--gate", default="oracle")
+    parser.add_argument("--repeats", default=None, metavar="NAMES",
+                        help="comma-separated sub-folders holding runs repeated elsewhere, checked against the runs "
+                             "used (default: every <name>_check folder)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="where summary.md and the tables and plots go (default: --folder)")
     parser.add_argument("--expected-model", default=EXPECTED_MODEL, metavar="SHA256_16",
                         help=f"the model digest every run must print (default {EXPECTED_MODEL}, the plan's)")
     args = parser.parse_args()
@@ -413,12 +428,14 @@ def main() -> None:
     if missing or not comparisons:
         parser.error(f"--comparisons: no runs/ folder under {args.folder} for {missing or 'any comparison'}")
     runs, notes = load_runs(args.folder, comparisons, args.steps)
+    out = args.out or args.folder
+    out.mkdir(parents=True, exist_ok=True)
     if not runs:
         parser.error(f"no finished run under {args.folder} ({'; '.join(notes) or 'nothing found'})")
 
     turns = [row for group in runs.values() for r in group for row in run_turns(r)]
-    write_turns(args.folder / "turns.csv.gz", turns)
-    with (args.folder / "steps.csv").open("w", newline="") as handle:
+    write_turns(out / "turns.csv.gz", turns)
+    with (out / "steps.csv").open("w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(["method", "seed", "step", "primary", "train_score", "tool_calls_per_trajectory",
                          "reach1", "reach2", "reach3"])
@@ -433,7 +450,7 @@ def main() -> None:
 
     gate_lines, _ = gate_section(runs, args.baseline, args.gate, args.steps)
     val_lines, after = validation_section(runs, args.baseline)
-    with (args.folder / "paired.csv").open("w", newline="") as handle:
+    with (out / "paired.csv").open("w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(["method", "seed", "primary", f"{args.baseline}_primary", "difference", "val_em_after"])
         base = {r.seed: cm.second_half_mean(r, PRIMARY, args.steps) for r in runs.get(args.baseline, [])}
@@ -445,9 +462,9 @@ def main() -> None:
                                  fmt(after[method][run.seed].get("val-core/all/em", math.nan), 4)])
     bands = {method: cm.step_band(group, PRIMARY) for method, group in runs.items() if len(group) >= 2}
     if bands:
-        cm._plot_bands(args.folder / "train_success.png", bands, PRIMARY,
+        cm._plot_bands(out / "train_success.png", bands, PRIMARY,
                        "chain task, " + ", ".join(f"{m} {len(g)} seeds" for m, g in runs.items()))
-    _plot_validation(args.folder / "val_em.png", runs, after, args.baseline)
+    _plot_validation(out / "val_em.png", runs, after, args.baseline)
 
     commits = sorted({(r.directory.parent.parent / "commit.txt").read_text().strip()
                       for g in runs.values() for r in g if (r.directory.parent.parent / "commit.txt").is_file()})
@@ -461,9 +478,11 @@ def main() -> None:
              + ", ".join(f"{m} {statistics.fmean(r.wall_s for r in g):.0f} s" for m, g in runs.items()) + ".", ""]
     if notes:
         lines += ["Skipped: " + "; ".join(notes) + ".", ""]
-    lines += checks(runs, args.baseline, args.gate, args.steps, args.folder, args.expected_model) + gate_lines
+    repeats_in = [c.strip() for c in args.repeats.split(",") if c.strip()] if args.repeats is not None else None
+    lines += checks(runs, args.baseline, args.gate, args.steps, args.folder, args.expected_model,
+                    repeats_in) + gate_lines
     lines += rows_section(runs, args.baseline, args.steps) + val_lines + turn_section(turns)
-    (args.folder / "summary.md").write_text("\n".join(lines))
+    (out / "summary.md").write_text("\n".join(lines))
     print("\n".join(lines))
 
 

@@ -130,3 +130,26 @@ def test_the_per_turn_table_reads_tips_shaping_reward_as_its_turn_reward(tmp_pat
     with pytest.raises(SystemExit, match="another run than tips seed 1"):
         summary.run_turns(SimpleNamespace(method="tips", seed=1, directory=run_dir))
     assert summary.run_turns(SimpleNamespace(method="tips", seed=0, directory=tmp_path)) == []
+
+
+def test_a_comparison_on_another_model_is_summarised_apart(tmp_path, monkeypatch):
+    """A2 (plan amendment 2: a pinned model, digest ab3e9e6bcc97c34a) summarised into a folder of its own: the digest
+    check takes the pinned model, a repeat made on the plan's first model (rows_A_check) is not compared to its runs,
+    and --repeats names the check folders to read."""
+    folder = tmp_path / "turn_credit"
+    shutil.copytree(COMMITTED / "A2" / "runs", folder / "A2" / "runs")
+    shutil.copytree(COMMITTED / "rows_A_check" / "runs", folder / "rows_A_check" / "runs")
+    out = tmp_path / "A2_summary"
+    argv = ["summarize_turn_credit.py", "--folder", str(folder), "--comparisons", "A2", "--out", str(out),
+            "--expected-model", "ab3e9e6bcc97c34a"]
+    monkeypatch.setattr("sys.argv", argv)
+    summary.main()
+    text = (out / "summary.md").read_text()
+    assert "Model digest: ab3e9e6bcc97c34a (expected ab3e9e6bcc97c34a): **as expected**" in text, text
+    assert ("grpo seed 0 repeated in `rows_A_check`: **not compared** (another model: 607a9ea80d998160 there, "
+            "ab3e9e6bcc97c34a in `A2`)") in text, text
+    assert {p.name for p in out.iterdir()} >= {"summary.md", "paired.csv", "steps.csv", "turns.csv.gz"}
+    assert not (folder / "summary.md").exists()
+    monkeypatch.setattr("sys.argv", argv + ["--repeats", ""])
+    summary.main()
+    assert "repeated in" not in (out / "summary.md").read_text()
