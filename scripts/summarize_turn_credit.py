@@ -224,7 +224,7 @@ def earlier_repeat(run, baseline: str, steps: int, earlier: Path = ROOT / "resul
     here, there = batch_layout(run.directory), batch_layout(log.parent)
     if here != there:  # another regime: nothing to repeat
         return f"seed {run.seed}: not applicable (batch {here} here, {there} there)"
-    here, there = cm.model_digest(run), cm.console_value(log.parent, r"demo model sha256 ([0-9a-f]{16})")
+    here, there = cm.model_digest(run), cm.model_digest(cm.Run(baseline, run.seed, log.parent))
     if here != there:  # another model (e.g. one built on another CPU type): nothing to repeat
         return f"seed {run.seed}: not applicable (model {here} here, {there} there)"
     old = cm.parse_log(log.read_text())
