@@ -462,8 +462,10 @@ def main() -> None:
                                  fmt(after[method][run.seed].get("val-core/all/em", math.nan), 4)])
     bands = {method: cm.step_band(group, PRIMARY) for method, group in runs.items() if len(group) >= 2}
     if bands:
-        cm._plot_bands(out / "train_success.png", bands, PRIMARY,
-                       "chain task, " + ", ".join(f"{m} {len(g)} seeds" for m, g in runs.items()))
+        counts = {len(g) for g in runs.values()}
+        seeds = (f"{counts.pop()} seeds each" if len(counts) == 1
+                 else ", ".join(f"{m} {len(g)} seeds" for m, g in runs.items()))
+        cm._plot_bands(out / "train_success.png", bands, PRIMARY, f"chain task, {seeds}")
     _plot_validation(out / "val_em.png", runs, after, args.baseline)
 
     commits = sorted({(r.directory.parent.parent / "commit.txt").read_text().strip()
@@ -504,8 +506,8 @@ def _plot_validation(path: Path, runs: dict[str, list], after: dict, baseline: s
         if len(finite) >= 2:
             mean, low, high = mean_interval(finite)
             ax.errorbar([x + 0.15], [mean], yerr=[[mean - low], [high - mean]], fmt="o", color="black", capsize=4)
-    ax.set_xticks(range(len(labels)), [label for label, _ in labels])
-    ax.set_ylabel("validation avg@8 exact match (dots: seeds; bar: 95% t)")
+    ax.set_xticks(range(len(labels)), [label for label, _ in labels], rotation=20, ha="right")
+    ax.set_ylabel("validation avg@8 exact match\n(dots: seeds; bar: 95% t)")
     ax.set_title("chain task, held-out questions")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
