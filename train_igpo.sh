@@ -172,8 +172,8 @@ else
             echo "igpo: preparing the tiny demo model (first run: about three minutes; cached afterwards)"
         fi
         PREP_LOG="$(mktemp -t igpo-demo-model.XXXXXX.log)"
-        # One build at a time per checkout: a second launch (scripts/compare_methods.py --jobs 2) waits here for the
-        # first one's build or check, then finds the model cached.
+        # One build at a time per checkout: a second launch (scripts/experiments/compare_methods.py --jobs 2) waits here
+        # for the first one's build or check, then finds the model cached.
         exec 9>"$ROOT/.cache/.demo_model.lock" && flock 9
         BASE=$("$PY" -m igpo.demo.tiny_model --demo --out "$ROOT/.cache/tiny_demo$TASK_SUFFIX" --corpus "$WORLD/corpus.jsonl" \
                    --extra-tokens "$WORLD/vocabulary.txt" 2>>"$PREP_LOG" | tail -n 1) \

@@ -71,7 +71,8 @@ WARM_START_PLANS = 2              # trajectories of the warm-start policy per pr
 CHAIN_MAX_TURNS = 7
 CHAIN_RESPONSE_LENGTH = 640
 # Its warm-start policy (chain_plan), calibrated on the sampled step-1 success of the model it trains
-# (scripts/calibrate_chain.py; results/chain_compare_v2/plan.md): 5-15% of trajectories correct, >= 4x a guess.
+# (scripts/experiments/calibrate_chain.py; results/chain_compare_v2/plan.md): 5-15% of trajectories correct, >= 4x a
+# guess.
 CHAIN_P_NO_SEARCH = 0.35
 CHAIN_P_NEXT_HOP = 0.35
 # The real model (demo.model=smollm2, igpo/demo/real_model.py; configs/demo_model/smollm2.yaml repeats these, a test

@@ -1,4 +1,5 @@
-"""Paired comparisons over seeds: a method against a baseline run at the same seeds (``scripts/compare_methods.py``).
+"""Paired comparisons over seeds: a method against a baseline run at the same seeds
+(``scripts/experiments/compare_methods.py``).
 
 Runs at one seed share the first step (one seed feeds every random source), so the per-seed difference
 d_s = m_s - b_s removes the seed's own luck; with n seeds, d̄ = mean(d_s) and s_d = stdev(d_s):

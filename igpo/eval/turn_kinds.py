@@ -1,5 +1,5 @@
 """What each turn of a chain question did, from its turn record: the classes the per-turn tables of a comparison
-are split by (``scripts/summarize_turn_credit.py``).
+are split by (``scripts/experiments/summarize_turn_credit.py``).
 
 A chain question of the demo world ("Mentor of the mentor of @X", ``demo.task=chain``) names its chain's entities in
 ``extra_info.hop_targets``: one per "mentor of", the asked person first. The agent loop marks each turn that made the

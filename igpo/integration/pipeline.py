@@ -111,7 +111,7 @@ def advantage_step(method: Method, records: Sequence[TurnRecord], uids: Sequence
     outcome = batch.rm_scores.sum(-1)
     metrics["outcome/same_outcome_group_share"] = same_outcome_share(outcome, batch.group, ~infra.rows)
     # On-policy success: the share of the step's kept trajectories with the full outcome score (the exact answer
-    # under the F1 or EM reward); the method comparison's primary measure (scripts/compare_methods.py).
+    # under the F1 or EM reward); the method comparison's primary measure (scripts/experiments/compare_methods.py).
     kept = outcome[~infra.rows]
     metrics["outcome/success_share"] = float((kept >= 1.0).double().mean()) if len(kept) else float("nan")
     metrics.update(result.metrics)

@@ -1,6 +1,6 @@
-"""scripts/collect_runs.py: a comparison's finished runs go from its clone into the checkout in the form kept in git
-(scrubbed logs, gzipped tool-server log, per-turn rows), read back as finished; unfinished and collected runs are
-left alone."""
+"""scripts/experiments/collect_runs.py: a comparison's finished runs go from its clone into the checkout in the form
+kept in git (scrubbed logs, gzipped tool-server log, per-turn rows), read back as finished; unfinished and collected
+runs are left alone."""
 
 import gzip
 import importlib.util
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("collect_runs", ROOT / "scripts" / "collect_runs.py")
+spec = importlib.util.spec_from_file_location("collect_runs", ROOT / "scripts" / "experiments" / "collect_runs.py")
 collect_runs = importlib.util.module_from_spec(spec)
 sys.modules["collect_runs"] = collect_runs
 spec.loader.exec_module(collect_runs)
@@ -44,10 +44,10 @@ def test_finished_runs_are_copied_in_the_kept_form_and_read_back(tmp_path):
     assert "tiny model at <clone>/results/model_A2" in (kept / "console.log").read_text()
     with gzip.open(kept / "tool_server.log.gz", "rt") as handle:
         assert handle.read() == "serving <clone>/.cache/demo_world_chain\n"
-    run = collect_runs.cm.Run("grpo", 0, kept)
-    assert collect_runs.cm.load_finished(run, 12)
+    run = collect_runs.Run("grpo", 0, kept)
+    assert collect_runs.load_finished(run, 12)
     turns = collect_runs.stc.run_turns(run)  # nan where a method logs no turn reward: compared as text
-    assert turns and repr(turns) == repr(collect_runs.stc.run_turns(collect_runs.cm.Run("grpo", 0, COMMITTED)))
+    assert turns and repr(turns) == repr(collect_runs.stc.run_turns(collect_runs.Run("grpo", 0, COMMITTED)))
     # again: nothing new until the other run finishes
     assert collect_runs.collect(clone, COMPARISON, 12, into=into) == []
     shutil.copy(COMMITTED.parent / "oracle-s0" / "wall_s.txt", clone / COMPARISON / "runs" / "oracle-s0")

@@ -1,5 +1,6 @@
-"""scripts/summarize_real_model.py on hand-made runs: per-question avg@k and pass@k from verl's validation dumps, the
-before figure borrowed from the baseline at the same seed, paired bootstrap changes and the plan's learning rule."""
+"""scripts/experiments/summarize_real_model.py on hand-made runs: per-question avg@k and pass@k from verl's validation
+dumps, the before figure borrowed from the baseline at the same seed, paired bootstrap changes and the plan's learning
+rule."""
 
 import importlib.util
 import json
@@ -9,7 +10,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("summarize_real_model", ROOT / "scripts" / "summarize_real_model.py")
+spec = importlib.util.spec_from_file_location("summarize_real_model",
+                                              ROOT / "scripts" / "experiments" / "summarize_real_model.py")
 summary = importlib.util.module_from_spec(spec)
 sys.modules["summarize_real_model"] = summary
 spec.loader.exec_module(summary)

@@ -1,6 +1,7 @@
-"""scripts/summarize_turn_credit.py on the committed logs of the oracle gate's regime A (results/turn_credit/gate_A):
-its figures come back to the digit from the runs' own train.log files, the repeat check against chain_compare_v2
-applies only to runs of the same batch layout, and the per-turn table reads each method's logged turn reward."""
+"""scripts/experiments/summarize_turn_credit.py on the committed logs of the oracle gate's regime A
+(results/turn_credit/gate_A): its figures come back to the digit from the runs' own train.log files, the repeat check
+against chain_compare_v2 applies only to runs of the same batch layout, and the per-turn table reads each method's
+logged turn reward."""
 
 import importlib.util
 import json
@@ -13,7 +14,8 @@ from types import SimpleNamespace
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("summarize_turn_credit", ROOT / "scripts" / "summarize_turn_credit.py")
+spec = importlib.util.spec_from_file_location("summarize_turn_credit",
+                                              ROOT / "scripts" / "experiments" / "summarize_turn_credit.py")
 summary = importlib.util.module_from_spec(spec)
 sys.modules["summarize_turn_credit"] = summary
 spec.loader.exec_module(summary)
@@ -58,27 +60,27 @@ def test_the_repeat_check_is_not_applied_across_batch_layouts(tmp_path):
 def test_the_repeat_check_against_chain_compare_v2_is_not_applied_to_another_model(tmp_path):
     """A run of the same layout on another demo model (built on another CPU type, or pinned) is not a repeat of
     chain_compare_v2's; the committed gate_A run at seed 0 still is."""
-    used = summary.cm.Run("grpo", 0, COMMITTED / "gate_A" / "runs" / "grpo-s0")
-    assert summary.cm.load_finished(used, 12)
+    used = summary.Run("grpo", 0, COMMITTED / "gate_A" / "runs" / "grpo-s0")
+    assert summary.load_finished(used, 12)
     assert summary.earlier_repeat(used, "grpo", 12) == "seed 0: identical"
     other = tmp_path / "grpo-s0"
     shutil.copytree(used.directory, other)
     console = (other / "console.log").read_text()
     (other / "console.log").write_text(console.replace("demo model sha256 607a9ea80d998160",
                                                        "demo model sha256 ab3e9e6bcc97c34a (MODEL_PATH)"))
-    run = summary.cm.Run("grpo", 0, other)
-    assert summary.cm.load_finished(run, 12)
+    run = summary.Run("grpo", 0, other)
+    assert summary.load_finished(run, 12)
     assert summary.earlier_repeat(run, "grpo", 12) == (
         "seed 0: not applicable (model ab3e9e6bcc97c34a here, 607a9ea80d998160 there)")
-    assert summary.earlier_repeat(summary.cm.Run("grpo", 2, other), "grpo", 12) is None
+    assert summary.earlier_repeat(summary.Run("grpo", 2, other), "grpo", 12) is None
 
 
 def test_a_run_repeated_in_another_clone_is_compared_in_every_metric_but_timings(tmp_path):
     """The plan's amendment reuses gate_A's GRPO arm for the rows only if GRPO seed 0, run again in the rows' clone
     (``rows_A_check``), logs the same metrics at every step: a copy of the committed run is identical; one changed
     training metric, or a run not finished, is reported as such."""
-    used = summary.cm.Run("grpo", 0, COMMITTED / "gate_A" / "runs" / "grpo-s0")
-    assert summary.cm.load_finished(used, 12)
+    used = summary.Run("grpo", 0, COMMITTED / "gate_A" / "runs" / "grpo-s0")
+    assert summary.load_finished(used, 12)
     used.comparison = "gate_A"
     check = tmp_path / "rows_A_check" / "runs" / "grpo-s0"
     shutil.copytree(used.directory, check)

@@ -1,6 +1,7 @@
 """Summarise the turn-credit comparison (results/turn_credit/plan.md): the oracle gate, the rows, the per-turn table.
 
-Reads the runs that ``scripts/compare_methods.py`` left under ``<folder>/<comparison>/runs/<method>-s<seed>/``
+Reads the runs that ``scripts/experiments/compare_methods.py`` left under
+``<folder>/<comparison>/runs/<method>-s<seed>/``
 (``train.log``, ``console.log`` and, with ``--trajectories``, the trajectory log ``trajectories/step_*.jsonl``, whose
 per-turn rows it also writes to the run's own ``turns.csv.gz`` and reads from there once the log is gone: the logs are
 not kept in git, so a comparison resumed in a fresh checkout still has every finished run's turns) and writes into
@@ -21,9 +22,9 @@ not kept in git, so a comparison resumed in a fresh checkout still has every fin
     val_em.png          validation avg@8 exact match after training per seed and method (GRPO's before beside it)
 
 Usage (from the repository root, with the CPU .venv):
-    python scripts/summarize_turn_credit.py                      # results/turn_credit, every comparison in it
-    python scripts/summarize_turn_credit.py --comparisons gate_A
-    python scripts/summarize_turn_credit.py --comparisons A2 --out results/turn_credit/A2 \
+    python scripts/experiments/summarize_turn_credit.py            # results/turn_credit, every comparison in it
+    python scripts/experiments/summarize_turn_credit.py --comparisons gate_A
+    python scripts/experiments/summarize_turn_credit.py --comparisons A2 --out results/turn_credit/A2 \
         --expected-model ab3e9e6bcc97c34a --repeats A2_2026-12-08_check     # the pinned model's comparison
 A comparison still running is summarised over its finished runs; the summary says how many seeds each method has.
 """
@@ -40,11 +41,14 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(ROOT))
 
-import compare_methods as cm  # noqa: E402  (the comparison's own log parsing and plots)
+# The comparison's own log parsing and plots.
+from comparison_report import plot_bands, second_half_mean, step_band  # noqa: E402
+from comparison_runs import (STEP_LINE, Run, comparison_wall_s, console_value, load_finished,  # noqa: E402
+                             model_digest, parse_log, tool_calls_per_trajectory)
 
 from igpo.eval.paired import (detectable_difference, holm, mean_interval, paired_difference,  # noqa: E402
                               paired_t_p, t_quantile)
@@ -63,13 +67,13 @@ VOLATILE = ("timing_s/", "timing_per_token_ms/", "perf/", "actor/perf/", "progre
 def load_runs(folder: Path, comparisons: list[str], steps: int) -> tuple[dict[str, list], list[str]]:
     """method -> finished runs (sorted by seed; a method in two comparisons keeps the first one's run at a seed),
     and notes on what was skipped."""
-    runs: dict[str, dict[int, cm.Run]] = {}
+    runs: dict[str, dict[int, Run]] = {}
     notes = []
     for comparison in comparisons:
         for directory in sorted((folder / comparison / "runs").glob("*-s*")):
             method, _, seed = directory.name.rpartition("-s")
-            run = cm.Run(method, int(seed), directory)
-            if not cm.load_finished(run, steps):
+            run = Run(method, int(seed), directory)
+            if not load_finished(run, steps):
                 notes.append(f"{comparison}/{directory.name}: not finished (no step {steps} in its log)")
                 continue
             run.comparison = comparison
@@ -88,7 +92,7 @@ def val_metrics(run) -> dict[str, float]:
     out: dict[str, float] = {}
     last = max(run.steps)
     for line in text.splitlines():
-        match = cm.STEP_LINE.search(line)
+        match = STEP_LINE.search(line)
         if match and int(match.group(1)) == last and "val-" in line:
             out.update((k, float(v)) for k, v in METRIC.findall(match.group(2)) if k.startswith("val-"))
     return out
@@ -176,14 +180,14 @@ def fmt(value: float, digits: int = 3, sign: bool = False) -> str:
 def checks(runs: dict[str, list], baseline: str, gate: str, steps: int, folder: Path,
            expected_model: str = EXPECTED_MODEL, repeats_in: list[str] | None = None) -> list[str]:
     lines = ["## Checks the plan fixes", ""]
-    digests = {cm.model_digest(r) for group in runs.values() for r in group}
+    digests = {model_digest(r) for group in runs.values() for r in group}
     lines.append(f"- Model digest: {', '.join(sorted(str(d) for d in digests))} (expected {expected_model}): "
                  + ("**as expected**." if digests == {expected_model} else "**NOT as expected**: the comparison "
                     "stops until this is explained."))
     base = runs.get(baseline, [])
     if base:
         first = [r.steps.get(1, {}).get(PRIMARY, math.nan) for r in base]
-        half = [cm.second_half_mean(r, PRIMARY, steps) for r in base]
+        half = [second_half_mean(r, PRIMARY, steps) for r in base]
         low_ok = all(v >= 0.031 for v in first) and 0.05 <= statistics.fmean(first) <= 0.15
         lines.append(f"- Calibration, below: {baseline}'s step-1 success per seed {', '.join(fmt(v) for v in first)}"
                      f" (mean {fmt(statistics.fmean(first))}); bound >= 0.031 at every seed and mean in 0.05-0.15: "
@@ -224,10 +228,10 @@ def earlier_repeat(run, baseline: str, steps: int, earlier: Path = ROOT / "resul
     here, there = batch_layout(run.directory), batch_layout(log.parent)
     if here != there:  # another regime: nothing to repeat
         return f"seed {run.seed}: not applicable (batch {here} here, {there} there)"
-    here, there = cm.model_digest(run), cm.model_digest(cm.Run(baseline, run.seed, log.parent))
+    here, there = model_digest(run), model_digest(Run(baseline, run.seed, log.parent))
     if here != there:  # another model (e.g. one built on another CPU type): nothing to repeat
         return f"seed {run.seed}: not applicable (model {here} here, {there} there)"
-    old = cm.parse_log(log.read_text())
+    old = parse_log(log.read_text())
     same = all(old.get(s, {}).get(k) == run.steps.get(s, {}).get(k)
                for s in range(1, steps + 1) for k in ("critic/score/mean", "igpo/turns_mean"))
     return f"seed {run.seed}: {'identical' if same else 'different'}"
@@ -243,14 +247,14 @@ def repeat_lines(folder: Path, runs: dict[str, list], steps: int, repeats_in: li
              else (d for name in repeats_in for d in (folder / name / "runs").glob("*-s*")))
     for directory in sorted(found):
         method, _, seed = directory.name.rpartition("-s")
-        check = cm.Run(method, int(seed), directory)
+        check = Run(method, int(seed), directory)
         where = f"{method} seed {seed} repeated in `{directory.parent.parent.name}`"
         used = next((r for r in runs.get(method, []) if r.seed == int(seed)), None)
-        if used is None or not cm.load_finished(check, steps):
+        if used is None or not load_finished(check, steps):
             why = "no run of that method and seed to compare against" if used is None else "not finished here"
             lines.append(f"- {where}: **not compared** ({why}).")
             continue
-        models = cm.model_digest(check), cm.model_digest(used)
+        models = model_digest(check), model_digest(used)
         if models[0] != models[1]:
             lines.append(f"- {where}: **not compared** (another model: {models[0]} there, {models[1]} in "
                          f"`{used.comparison}`).")
@@ -268,7 +272,7 @@ def repeat_lines(folder: Path, runs: dict[str, list], steps: int, repeats_in: li
 
 def batch_layout(directory: Path) -> str | None:
     """The run's prompts x rollouts as the launcher's plan line printed it (``batch 16x4``)."""
-    return cm.console_value(directory, r"batch (\d+x\d+)")
+    return console_value(directory, r"batch (\d+x\d+)")
 
 
 def contrast_line(name: str, values: list[float], base: list[float], level: float | None = None) -> tuple:
@@ -286,8 +290,8 @@ def gate_section(runs: dict[str, list], baseline: str, gate: str, steps: int) ->
     if gate not in runs or baseline not in runs:
         return ["## The gate", "", "No finished runs of both arms yet.", ""], None
     seeds = sorted({r.seed for r in runs[gate]} & {r.seed for r in runs[baseline]})
-    g = [cm.second_half_mean(next(r for r in runs[gate] if r.seed == s), PRIMARY, steps) for s in seeds]
-    b = [cm.second_half_mean(next(r for r in runs[baseline] if r.seed == s), PRIMARY, steps) for s in seeds]
+    g = [second_half_mean(next(r for r in runs[gate] if r.seed == s), PRIMARY, steps) for s in seeds]
+    b = [second_half_mean(next(r for r in runs[baseline] if r.seed == s), PRIMARY, steps) for s in seeds]
     lines = [f"## The gate: {gate} − {baseline}, `{PRIMARY}` over steps {steps // 2 + 1}-{steps}", "",
              f"Seeds {', '.join(map(str, seeds))} ({len(seeds)} of the plan's 10).", "",
              "| seed | " + " | ".join(map(str, seeds)) + " |", "|---|" + "---|" * len(seeds),
@@ -311,7 +315,7 @@ def rows_section(runs: dict[str, list], baseline: str, steps: int) -> list[str]:
         return []
 
     def primary(method: str, seeds: list[int]) -> list[float]:
-        return [cm.second_half_mean(next(r for r in runs[method] if r.seed == s), PRIMARY, steps) for s in seeds]
+        return [second_half_mean(next(r for r in runs[method] if r.seed == s), PRIMARY, steps) for s in seeds]
 
     lines = [f"## The rows: each − {baseline}, Holm across {len(family)} contrasts", "",
              "Intervals: 95% paired t, and at the Bonferroni level of the family (α / m, the widest level Holm uses; "
@@ -444,7 +448,7 @@ def main() -> None:
                 for step, m in sorted(run.steps.items()):
                     if step < 1:
                         continue
-                    cells = [m.get(PRIMARY), m.get("critic/score/mean"), cm.tool_calls_per_trajectory(m),
+                    cells = [m.get(PRIMARY), m.get("critic/score/mean"), tool_calls_per_trajectory(m),
                              m.get("hop/reach1"), m.get("hop/reach2"), m.get("hop/reach3")]
                     writer.writerow([method, run.seed, step] + [fmt(c, 4) for c in cells])
 
@@ -453,27 +457,28 @@ def main() -> None:
     with (out / "paired.csv").open("w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(["method", "seed", "primary", f"{args.baseline}_primary", "difference", "val_em_after"])
-        base = {r.seed: cm.second_half_mean(r, PRIMARY, args.steps) for r in runs.get(args.baseline, [])}
+        base = {r.seed: second_half_mean(r, PRIMARY, args.steps) for r in runs.get(args.baseline, [])}
         for method, group in runs.items():
             for run in group:
-                value = cm.second_half_mean(run, PRIMARY, args.steps)
+                value = second_half_mean(run, PRIMARY, args.steps)
                 b = base.get(run.seed, math.nan)
                 writer.writerow([method, run.seed, fmt(value, 4), fmt(b, 4), fmt(value - b, 4, True),
                                  fmt(after[method][run.seed].get("val-core/all/em", math.nan), 4)])
-    bands = {method: cm.step_band(group, PRIMARY) for method, group in runs.items() if len(group) >= 2}
+    bands = {method: step_band(group, PRIMARY) for method, group in runs.items() if len(group) >= 2}
     if bands:
         counts = {len(g) for g in runs.values()}
         seeds = (f"{counts.pop()} seeds each" if len(counts) == 1
                  else ", ".join(f"{m} {len(g)} seeds" for m, g in runs.items()))
-        cm._plot_bands(out / "train_success.png", bands, PRIMARY, f"chain task, {seeds}")
+        plot_bands(out / "train_success.png", bands, PRIMARY, f"chain task, {seeds}")
     _plot_validation(out / "val_em.png", runs, after, args.baseline)
 
     commits = sorted({(r.directory.parent.parent / "commit.txt").read_text().strip()
                       for g in runs.values() for r in g if (r.directory.parent.parent / "commit.txt").is_file()})
     every = [r for group in runs.values() for r in group]
-    wall = cm.comparison_wall_s(every)
+    wall = comparison_wall_s(every)
     lines = ["# Turn-level credit on the chain task: the oracle gate and the rows (issue 61)", "",
-             f"Written by `scripts/summarize_turn_credit.py` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} "
+             "Written by `scripts/experiments/summarize_turn_credit.py` on "
+             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} "
              f"from {', '.join(comparisons)} (plan: plan.md; runs' commit: {', '.join(commits) or 'see the plan'}). "
              f"Runs: " + ", ".join(f"{m} {len(g)}" for m, g in runs.items()) + f"; wall time {wall / 3600:.2f} h "
              f"(union of the runs' intervals); mean wall time a run: "

@@ -1,7 +1,8 @@
 """Summarise the real-model comparison (results/real_model/plan.md): held-out avg@4 / pass@4 before, in the middle
 and after training per run, bootstrapped over questions, and the training curves.
 
-Reads the runs that ``scripts/compare_methods.py --validation-dumps`` left under ``<folder>/runs/<method>-s<seed>/``:
+Reads the runs that ``scripts/experiments/compare_methods.py --validation-dumps`` left under
+``<folder>/runs/<method>-s<seed>/``:
 ``train.log`` (every step's metrics), ``validation/<step>.jsonl`` (verl's validation generations: one line per
 sample with its prompt ``input``, its ``score`` and the reward's extra fields, ``em`` among them) and
 ``peak_rss_mb.txt``. Before training every method at a seed has the same model and the same seeded samples, so a run
@@ -20,8 +21,8 @@ each seed's line with its 95% bootstrap band over questions, and the mean over s
 With ``--pilot`` it reads the pilot instead (``<folder>/lr<rate>/runs/grpo-s0/``, the plan's P1 and P2) and applies
 the plan's rule for the learning rate and the step count; it writes ``<folder>/summary.md``.
 
-Usage: python scripts/summarize_real_model.py [--folder results/real_model/comparison] [--baseline grpo]
-       python scripts/summarize_real_model.py --pilot [--folder results/real_model/pilot]
+Usage: python scripts/experiments/summarize_real_model.py [--folder results/real_model/comparison] [--baseline grpo]
+       python scripts/experiments/summarize_real_model.py --pilot [--folder results/real_model/pilot]
 """
 
 from __future__ import annotations
@@ -36,10 +37,10 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import compare_methods as cm  # noqa: E402  (the comparison's own log parsing)
+from comparison_runs import Run, model_digest, parse_log  # noqa: E402  (the comparison's own log parsing)
 
 from igpo.eval.paired import bootstrap_interval  # noqa: E402
 
@@ -105,13 +106,13 @@ def load(folder: Path) -> dict[str, list]:
     runs: dict[str, list] = {}
     for directory in sorted((folder / "runs").glob("*-s*")):
         method, _, seed = directory.name.rpartition("-s")
-        run = cm.Run(method, int(seed), directory)
+        run = Run(method, int(seed), directory)
         log = (directory / "train.log").read_text() if (directory / "train.log").is_file() else ""
-        run.steps = cm.parse_log(log)
+        run.steps = parse_log(log)
         run.warnings = health_warnings(log)
         run.dumps = {int(p.stem): question_scores(read_dump(p)) for p in (directory / "validation").glob("*.jsonl")}
         run.peak_mb = peak_mb(directory)
-        run.digest = cm.model_digest(run)
+        run.digest = model_digest(run)
         runs.setdefault(method, []).append(run)
     return runs
 
@@ -135,7 +136,7 @@ def pilot_figures(run_dir: Path) -> dict:
     log = (run_dir / "train.log").read_text() if (run_dir / "train.log").is_file() else ""
     if not log:
         raise ValueError(f"{run_dir}: no train.log; run the pilot first (results/real_model/plan.md)")
-    steps = cm.parse_log(log)
+    steps = parse_log(log)
     trained = sorted(s for s, m in steps.items() if s > 0 and "critic/score/mean" in m)
     timed = [s for s in trained if s >= 2]
 
@@ -189,7 +190,7 @@ def pilot(folder: Path) -> list[str]:
     runs = {rate: pilot_figures(folder / f"lr{rate}" / "runs" / "grpo-s0") for rate in (PILOT_LOW, PILOT_HIGH)}
     rate, steps, why = pilot_rule(runs[PILOT_LOW], runs[PILOT_HIGH])
     lines = ["# SmolLM2 pilot: GRPO seed 0, 10 steps at 4 x 4, validation off (results/real_model/plan.md)", "",
-             f"Written by `scripts/summarize_real_model.py --pilot` on "
+             f"Written by `scripts/experiments/summarize_real_model.py --pilot` on "
              f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.", "",
              "| learning rate | steps | success step 1 | success 6-10 | well-formed step 1 | well-formed 6-10 | "
              "single-outcome groups | KL end | entropy 1 -> end | median step s | rollout s | update s | warnings | "
@@ -215,12 +216,13 @@ def main() -> None:
         return
     args.folder = args.folder or ROOT / "results" / "real_model" / "comparison"
     if not (args.folder / "runs").is_dir():
-        parser.error(f"--folder {args.folder}: no runs/ folder (run scripts/compare_methods.py --validation-dumps "
-                     "--out <folder> first)")
+        parser.error(f"--folder {args.folder}: no runs/ folder (run scripts/experiments/compare_methods.py "
+                     "--validation-dumps --out <folder> first)")
     runs = load(args.folder)
     base = {r.seed: r for r in runs.get(args.baseline, [])}
     lines = ["# SmolLM2-135M-Instruct on the CPU demo: held-out accuracy before and after training (issue 62)", "",
-             f"Written by `scripts/summarize_real_model.py` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} "
+             "Written by `scripts/experiments/summarize_real_model.py` on "
+             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} "
              f"from {args.folder.name}/runs (plan: ../plan.md). Intervals: percentile bootstrap over the held-out "
              "questions (10,000 resamples), differences paired by question.", ""]
     digests = {r.digest for group in runs.values() for r in group}

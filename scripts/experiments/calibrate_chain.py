@@ -1,6 +1,7 @@
 """Step-1 success of the chain task's warm-started model, sampled as the trainer's rollout samples it (issue 49).
 
-    python scripts/calibrate_chain.py [--model .cache/tiny_demo_chain_warm] [--seeds 0,1,2,3,4] [--split train]
+    python scripts/experiments/calibrate_chain.py [--model .cache/tiny_demo_chain_warm] [--seeds 0,1,2,3,4] \
+        [--split train]
 
 Every question of the split is played once per seed through the agent loop on the HF rollout server at temperature 1,
 each request seeded as in training (``igpo.demo.warmstart.measure_world``): the expected training success of step 1,
@@ -20,7 +21,7 @@ from pathlib import Path
 from igpo.demo.warmstart import measure_world
 from igpo.demo.world import WorldConfig, build_world, warm_start_config
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 GATE = (0.05, 0.15)
 OVER_CHANCE = 4.0
 

@@ -1,21 +1,21 @@
 """Copy a comparison's finished runs from the clone it runs in into this checkout, in the form kept in git.
 
-A long comparison (``scripts/compare_methods.py``) runs in a separate clone so that its commit stays fixed while the
-checkout moves on. What a run leaves in the clone is large (trajectory logs 2 MB, the exported policy, TensorBoard
-files) and names the clone's path; what git keeps of it is what the summaries read, written so that a fresh clone
-with ``--resume`` counts the run as finished:
+A long comparison (``scripts/experiments/compare_methods.py``) runs in a separate clone so that its commit stays
+fixed while the checkout moves on. What a run leaves in the clone is large (trajectory logs 2 MB, the exported policy,
+TensorBoard files) and names the clone's path; what git keeps of it is what the summaries read, written so that a
+fresh clone with ``--resume`` counts the run as finished:
 
     train.log, console.log, interval.txt, wall_s.txt, peak_rss_mb.txt   as they are, the clone's path as <clone>
     <name>.earlier                                                      the same, for a run continued from a checkpoint
     tool_server.log.gz                                                  the tool server's log, gzipped (read by nothing)
     turns.csv.gz                                                        the run's per-turn rows
-                                                                        (``scripts/summarize_turn_credit.py``)
+                                                                        (``summarize_turn_credit.py``)
 
 A run is copied once it is finished (its log has the final step, ``wall_s.txt`` exists) and not yet here; the rest are
 left alone, so running this again while the comparison goes on adds what finished since.
 
 Usage:
-    python scripts/collect_runs.py --clone ../rows --comparison results/turn_credit/A2 [--steps 12]
+    python scripts/experiments/collect_runs.py --clone ../rows --comparison results/turn_credit/A2 [--steps 12]
 """
 
 from __future__ import annotations
@@ -26,12 +26,11 @@ import shutil
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import summarize_turn_credit as stc  # noqa: E402  (the per-turn rows; it imports compare_methods as cm)
-
-cm = stc.cm
+import summarize_turn_credit as stc  # noqa: E402  (the per-turn rows)
+from comparison_runs import Run, load_finished  # noqa: E402
 TEXT = ("train.log", "console.log", "interval.txt", "wall_s.txt", "peak_rss_mb.txt")
 
 
@@ -46,9 +45,9 @@ def collect(clone: Path, comparison: Path, steps: int, into: Path = ROOT) -> lis
     copied = []
     for directory in sorted(source.glob("*-s*")):
         method, _, seed = directory.name.rpartition("-s")
-        run = cm.Run(method, int(seed), directory)
+        run = Run(method, int(seed), directory)
         out = target / directory.name
-        if (out / "wall_s.txt").is_file() or not cm.load_finished(run, steps):
+        if (out / "wall_s.txt").is_file() or not load_finished(run, steps):
             continue
         stc.run_turns(run)  # from the trajectory log, written to the clone's turns.csv.gz (read there if no log)
         out.mkdir(parents=True, exist_ok=True)
