@@ -53,7 +53,7 @@ gives the same partition; difflib's own ratio still makes every decision it is a
 Every representative that survives the bounds is compared with difflib itself, in order of creation, until the first
 match. Pure functions (numpy, torch, difflib): no verl, no Ray, no I/O. ``tests/core/test_gigpo_similarity.py`` checks
 both functions against partitions recorded from verl-agent's own ``build_step_group``, against each other, and the
-bounds against difflib; ``scripts/bench_gigpo_similarity.py`` times them.
+bounds against difflib; ``scripts/bench/bench_gigpo_similarity.py`` times them.
 """
 
 from __future__ import annotations

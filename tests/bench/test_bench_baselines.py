@@ -1,5 +1,5 @@
-"""The baselines scripts/bench_advantage.py times against: the vectorised torch version a user would write must give
-the reference loop's advantages, or the speed-up against it would compare different computations."""
+"""The baselines scripts/bench/bench_advantage.py times against: the vectorised torch version a user would write must
+give the reference loop's advantages, or the speed-up against it would compare different computations."""
 
 import sys
 from pathlib import Path
@@ -34,7 +34,7 @@ def test_bench_advantage_prints_the_machine_rounds_and_its_last_line():
     import re
     import subprocess
 
-    script = Path(__file__).resolve().parents[2] / "scripts" / "bench_advantage.py"
+    script = Path(__file__).resolve().parents[2] / "scripts" / "bench" / "bench_advantage.py"
     run = subprocess.run([sys.executable, str(script), "--groups", "2", "--group-size", "2", "--length", "256",
                           "--max-turns", "6", "--rounds", "3"], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]

@@ -1,4 +1,5 @@
-"""scripts/bench_bm25.py on a small corpus: both sides run, their top-5 hits agree, the last line is the ratios."""
+"""scripts/bench/bench_bm25.py on a small corpus: both sides run, their top-5 hits agree, the last line is the
+ratios."""
 import re
 import subprocess
 import sys
@@ -6,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_bm25.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench" / "bench_bm25.py"
 
 
 def test_bench_bm25_compares_with_bm25s_and_prints_ratios(tmp_path):

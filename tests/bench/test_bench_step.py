@@ -1,6 +1,6 @@
-"""scripts/bench_step.py at a small size: the tiny demo model, one question x 4 samples, one round. The script's own
-checks pass (finite advantages, information gain where it exists, rollout-side and actor-side answer log-probs within
-1e-4), it prints its table, and its last line carries every ratio, each a plausible step ratio."""
+"""scripts/bench/bench_step.py at a small size: the tiny demo model, one question x 4 samples, one round. The script's
+own checks pass (finite advantages, information gain where it exists, rollout-side and actor-side answer log-probs
+within 1e-4), it prints its table, and its last line carries every ratio, each a plausible step ratio."""
 import re
 import subprocess
 import sys
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "scripts" / "bench_step.py"
+SCRIPT = REPO / "scripts" / "bench" / "bench_step.py"
 TINY = REPO / ".cache" / "tiny_demo_warm" / "model.safetensors"
 
 

@@ -1,11 +1,11 @@
-"""scripts/bench_tool_server.py at a small size: the real tool server behind a slow fake upstream; the concurrency
+"""scripts/bench/bench_tool_server.py at a small size: the real tool server behind a slow fake upstream; the concurrency
 limit and one upstream call per query hold, and the last line carries the two ratios."""
 import re
 import subprocess
 import sys
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_tool_server.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench" / "bench_tool_server.py"
 
 
 def test_bench_tool_server_reports_throughput_and_cache_hits_against_bare_round_trips():

@@ -1,5 +1,5 @@
 """igpo.core.gigpo against verl-agent's own functions (tests/golden/gigpo_reference.json, written by
-scripts/golden_gigpo.py from its gigpo/core_gigpo.py), and unit tests of the formulas worked out by hand."""
+scripts/golden/golden_gigpo.py from its gigpo/core_gigpo.py), and unit tests of the formulas worked out by hand."""
 
 import json
 import math

@@ -1,7 +1,7 @@
 """igpo.core.anchor_similarity against verl-agent's own similarity step groups (tests/golden/
-gigpo_similarity_reference.json, written by ``scripts/golden_gigpo.py --similarity`` from its gigpo/core_gigpo.py),
-GiGPO's advantages on those groups against verl-agent's, the fast clustering against the plain one, the upper bounds
-it prunes with against difflib, and the input checks."""
+gigpo_similarity_reference.json, written by ``scripts/golden/golden_gigpo.py --similarity`` from its
+gigpo/core_gigpo.py), GiGPO's advantages on those groups against verl-agent's, the fast clustering against the plain
+one, the upper bounds it prunes with against difflib, and the input checks."""
 
 import json
 import math

@@ -1,8 +1,8 @@
 """``+fidelity=reference_drvenus`` against the reference's OWN functions (issue 24).
 
 tests/golden/drvenus_reference.json holds inputs and the outputs of DR-Venus' judge, F1/EM and turn-format code and
-of its grpo_info_gain advantage estimator on random agent-loop batches (scripts/golden_reference.py ran them from a
-fetched snapshot; the commit id is in the file). Every case must match,
+of its grpo_info_gain advantage estimator on random agent-loop batches (scripts/golden/golden_reference.py ran them from
+a fetched snapshot; the commit id is in the file). Every case must match,
 except the ones listed in DOCUMENTED, which the difference table of docs/methods/igpo.md names with the reason; a
 documented case
 that starts to match (or an undocumented one that differs) fails, so the table cannot go stale.

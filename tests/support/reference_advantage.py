@@ -2,7 +2,7 @@
 and §2.
 
 Per-sample Python loops in float64, one boundary at a time, in the shape of the original implementation (which
-is what makes it slow). Used by the golden tests and by scripts/bench_advantage.py; not part of the package.
+is what makes it slow). Used by the golden tests and by scripts/bench/bench_advantage.py; not part of the package.
 """
 
 from __future__ import annotations

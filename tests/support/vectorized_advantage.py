@@ -1,5 +1,5 @@
 """The IGPO advantage as a competent user would vectorise it in plain torch: the baseline of
-scripts/bench_advantage.py, beside the per-sample loop of reference_advantage.py. Not part of the package.
+scripts/bench/bench_advantage.py, beside the per-sample loop of reference_advantage.py. Not part of the package.
 
 Same inputs as the loop (explicit outcome / IG masks, so it does not have to find the reward positions) and, for the
 modes it covers (joint, separate, scaled_separate; γ fixed; before_discount; no penalties or weights), the same

@@ -51,9 +51,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmark_report, its neighbour
 
 from benchmark_report import Rounds, check_rounds, machine_line, timed  # noqa: E402
 

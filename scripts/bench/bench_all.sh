@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Runs every benchmark (scripts/bench_*.py) once, one after another, and writes results/bench/<date>.md (date from
+# Runs every benchmark (scripts/bench/bench_*.py) once, one after another, and writes results/bench/<date>.md (date from
 # `date +%F`; a second run on the same day writes <date>-2.md, and so on): the machine, each script's last line and
 # wall time, and each script's full output. The target is <= 15 minutes on 2 cores: on an idle 2-core AMD EPYC runs
 # 16-18 took 11.9-12.3 minutes (7.9-8.5 of them bench_scoring); on 2 cores shared with another engineer's
 # jobs (load 2-5) 22-27 minutes, 17-23 of them bench_scoring's memory part (KV reuse's chunked HF prefill at 32K takes
 # 1-3 minutes per scoring there; see results/bench/).
 #
-# Usage: scripts/bench_all.sh            (exit status 1 if any benchmark failed; the others still run)
+# Usage: scripts/bench/bench_all.sh            (exit status 1 if any benchmark failed; the others still run)
 # bench_bm25 runs on 100,000 synthetic passages here (its default is 1,000,000; each round builds both its side and
 # plain bm25s's in-memory index).
 # bench_step runs SmolLM2 only, one round (its defaults: the tiny model too, two rounds; 444-1,248 s on shared cores):
@@ -20,12 +20,12 @@
 # against 0.27-0.48 for 1,024; 4K: 0.86-2.49 against 0.57-1.58), and the 1,024-token one cost ~140 s (3 scorings of
 # ~46 s at 32K).
 set -uo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 source scripts/env.sh
 
 declare -A ARGS=([bench_bm25]="--passages 100000" [bench_step]="--models smollm2 --rounds 1" [bench_scoring]="--chunks 256")
 ORDER=(bench_advantage bench_scoring bench_infopo bench_agent_loop bench_tool_server bench_bm25 bench_step)
-for script in scripts/bench_*.py; do  # a new benchmark is never skipped silently
+for script in scripts/bench/bench_*.py; do  # a new benchmark is never skipped silently
     name=$(basename "$script" .py)
     [[ " ${ORDER[*]} " == *" $name "* ]] || ORDER+=("$name")
 done
@@ -56,7 +56,7 @@ declare -A RC
 for name in "${ORDER[@]}"; do
     t0=$(date +%s)
     # shellcheck disable=SC2086  # ARGS holds space-separated options
-    "$PY" "scripts/$name.py" ${ARGS[$name]:-} > "$logs/$name.out" 2> "$logs/$name.err"
+    "$PY" "scripts/bench/$name.py" ${ARGS[$name]:-} > "$logs/$name.out" 2> "$logs/$name.err"
     rc=$?
     RC[$name]=$rc
     wall=$(($(date +%s) - t0))

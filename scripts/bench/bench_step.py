@@ -58,7 +58,7 @@ Differences from the trainer's workers (verl's Ray trainer is not started: each 
     - the update's PPO loss is written here after verl's ``compute_policy_loss_vanilla`` (the KL term is verl's
       ``kl_penalty``), and the optimiser is created fresh each round (its first step allocates Adam's state).
 
-Usage: .venv/bin/python scripts/bench_step.py [--models tiny,smollm2] [--rounds 2] [--shared-rounds 1]
+Usage: .venv/bin/python scripts/bench/bench_step.py [--models tiny,smollm2] [--rounds 2] [--shared-rounds 1]
 The last line is the SmolLM2 figures (the tiny model's with --models tiny):
     step: ig_step_overhead=<x> scoring_share=<s> infopo_step_overhead=<y> gigpo_step_overhead=<z>
           ig_step_overhead_rollout_side=<w> model=smollm2
@@ -81,7 +81,7 @@ from typing import Any
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from benchmark_report import machine_line  # noqa: E402

@@ -1,7 +1,7 @@
 """A model, not a measurement: what ``igpo_colocate_async`` can buy over ``igpo_sync`` on a GPU node, from the step
-phases and the tool latency, checked against the CPU benchmark (scripts/bench_async.py).
+phases and the tool latency, checked against the CPU benchmark (scripts/bench/bench_async.py).
 
-    python scripts/model_async.py [--latency search=1:10] [--calls 10 30] [--trajectories 512] [--gen-s 0.5]
+    python scripts/bench/model_async.py [--latency search=1:10] [--calls 10 30] [--trajectories 512] [--gen-s 0.5]
                                   [--update-s 60 180 600]
 
 The schedule, step by step. A trajectory i makes K tool calls; its rollout takes D_i = Σ_k (ℓ_ik + g): each call's

@@ -2,7 +2,7 @@
 in ``igpo_sync``, ``igpo_colocate_async`` and ``igpo_separate_async``, the same seed, the same tool server latency,
 one run of this script.
 
-    python scripts/bench_async.py [--steps 8] [--seed 1] [--latency search=1:10] [--out results/async/<file>.md]
+    python scripts/bench/bench_async.py [--steps 8] [--seed 1] [--latency search=1:10] [--out results/async/<file>.md]
 
 Each mode is one ``bash train_igpo.sh`` (the CPU demo: IGPO, 16 questions x 4 samples a step, validation off) whose
 tool server adds a seeded log-normal delay to every call (``--latency``, docs/guide/tool_server.md): the demo's
@@ -35,7 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 MODES = ("igpo_sync", "igpo_colocate_async", "igpo_separate_async")
 NUMBER = r"(?:np\.(?:float|int)\d+\()?(-?[0-9.eE+-]+|nan)\)?"
 

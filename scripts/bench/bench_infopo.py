@@ -44,7 +44,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmark_report import Rounds, check_rounds, machine_line, timed  # noqa: E402
 

@@ -2,8 +2,9 @@
 snapshot, loaded at run time, on seeded random batches of turns, and write the inputs with the outputs to
 tests/golden/gigpo_reference.json. tests/core/test_gigpo.py compares ``igpo.core.gigpo`` with the file.
 
-    python scripts/golden_gigpo.py --verl-agent /path/to/verl-agent[.git] [--out tests/golden/gigpo_reference.json]
-    python scripts/golden_gigpo.py --verl-agent /path/to/verl-agent[.git] --similarity \
+    python scripts/golden/golden_gigpo.py --verl-agent /path/to/verl-agent[.git] \
+        [--out tests/golden/gigpo_reference.json]
+    python scripts/golden/golden_gigpo.py --verl-agent /path/to/verl-agent[.git] --similarity \
         [--out tests/golden/gigpo_similarity_reference.json]
 
 ``--verl-agent`` is a checkout, a git directory (a bare one is fine: the file is read with ``git show HEAD:<path>``)
@@ -59,7 +60,7 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 MODES = ("mean_norm", "mean_std_norm")
 POOLS = ("step_rows", "trajectories")
 DEFAULT_OUT = REPO / "tests" / "golden" / "gigpo_reference.json"
@@ -436,7 +437,7 @@ def main() -> None:
             case["expected"] = run_reference(core, case["trajectories"], case["config"])
             recorded.append(case)
     golden = {"source": args.source or SOURCES[args.similarity], "commit": commit, "file": CORE_PATH,
-              "generated_by": "scripts/golden_gigpo.py" + (" --similarity" if args.similarity else ""),
+              "generated_by": "scripts/golden/golden_gigpo.py" + (" --similarity" if args.similarity else ""),
               "seed": args.seed, "cases": recorded}
     # One case per line: the file stays reviewable in a diff without a line per number.
     head = json.dumps({k: v for k, v in golden.items() if k != "cases"}, indent=1)[:-2]

@@ -23,7 +23,7 @@ Measured side by side in one run, per path:
     interleaves;
   - throughput = trajectories per second with many trajectories running concurrently in one event loop.
 
-Usage: .venv/bin/python scripts/bench_agent_loop.py [--trajectories 4] [--concurrent 16]
+Usage: .venv/bin/python scripts/bench/bench_agent_loop.py [--trajectories 4] [--concurrent 16]
 Every figure is measured in --rounds rounds (5), the paths alternating in order; each is printed as median (min, max)
 and the last line gives the medians of the ratios, the worse path's first (goal: <= 1.5); the throughputs, which
 move with the machine's speed, are on the line above it:
@@ -41,7 +41,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from omegaconf import OmegaConf  # noqa: E402

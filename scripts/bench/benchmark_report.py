@@ -1,4 +1,4 @@
-"""What every ``scripts/bench_*.py`` prints about the machine it ran on, and how it summarises its rounds.
+"""What every ``scripts/bench/bench_*.py`` prints about the machine it ran on, and how it summarises its rounds.
 
 A benchmark's figures only mean something next to the machine that produced them: the CPU model, how many cores the
 process could use, how many threads the benchmark used, and the load average when it started (another job's load

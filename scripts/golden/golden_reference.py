@@ -2,7 +2,7 @@
 loaded at run time from a fetched snapshot of github.com/inclusionAI/DR-Venus, on generated inputs, and write the
 inputs with the outputs to tests/golden/drvenus_reference.json (with the snapshot's commit id).
 
-    python scripts/golden_reference.py --drvenus /path/to/DR-Venus.git --igpo /path/to/IGPO.git \
+    python scripts/golden/golden_reference.py --drvenus /path/to/DR-Venus.git --igpo /path/to/IGPO.git \
         [--out tests/golden/drvenus_reference.json]
 
 ``--drvenus`` is a git directory (a bare one is fine: files are read with ``git show <commit>:<path>``). Nothing of
@@ -54,7 +54,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 DEFAULT_OUT = REPO / "tests" / "golden" / "drvenus_reference.json"
 FILES = {
     "judge": "RL/verl/utils/reward_score/llm_judge.py",
@@ -602,7 +602,7 @@ def main(argv=None) -> int:
         loop = agent_loop_functions(sources["agent_loop"])
         data = {
             "source": "github.com/inclusionAI/DR-Venus", "commit": commit, "files": FILES,
-            "generated_by": "scripts/golden_reference.py",
+            "generated_by": "scripts/golden/golden_reference.py",
             "launch": {
                 "drvenus_train_igpo": launch_keys(git(args.drvenus, "show", f"{commit}:RL/train_igpo.sh")),
                 "igpo_commit": git(args.igpo, "rev-parse", "HEAD").strip(),
