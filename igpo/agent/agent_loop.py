@@ -284,6 +284,7 @@ class IGPOAgentLoop(AgentLoopBase):
                                          self.settings.info_gain, self.max_model_len)
         aliases = _aliases(kwargs)
         targets = hop_targets(kwargs.get("extra_info"))
+        traj.record.hop_total = len(targets)
         max_turns = self._draw_max_turns(traj.seed_key)
 
         prompt_ids = self._render_prompt(messages)

@@ -57,7 +57,7 @@ class TurnRecord:
     ``hop_right`` (per turn, when the sample names its chain's entities (``hop_targets``): the turn is a tool call that
     named the chain's next entity not reached yet, i.e. it made the next correct hop; False for a wrong hop, an
     answer or a malformed turn; empty without targets). The k-th True is the chain's hop k; ``sum(hop_right)`` hops
-    were reached. ``turn_versions`` (per turn, ``[first, last]``: the weight versions, verl's global step of the
+    were reached, of ``hop_total`` (the chain's length; 0 without targets). ``turn_versions`` (per turn, ``[first, last]``: the weight versions, verl's global step of the
     last update the rollout engine had loaded, that generated it; two differ when an asynchronous trainer paused the
     generation for an update and resumed it on the new weights; None when the engine reports no version)."""
 
@@ -69,6 +69,7 @@ class TurnRecord:
     answer_logprobs: list[list[float] | None] = field(default_factory=list)
     answer_seen: list[bool] = field(default_factory=list)
     hop_right: list[bool] = field(default_factory=list)
+    hop_total: int = 0
     turn_versions: list[list[int] | None] = field(default_factory=list)
     infra_errors: int = 0
     forced_final: bool = False
@@ -155,9 +156,9 @@ class TurnBatch:
     ``rollout.response_length``, dropped: their reward would have no token to sit on), ``turn_ends`` and
     ``format_ok`` [B, T] (T = the batch's largest kept turn count, at least 1), ``tool_names`` / ``tool_status``
     per row (kept turns only), ``infra_failed`` [B, T] (the turn's tool call failed for infrastructure reasons),
-    ``answer_seen`` / ``answer_known`` [B, T]; ``hop_right`` [B, T] (the turn made its chain's next correct hop) and
-    ``hop_known`` [B] (the row's sample named its chain: ``hop_right`` means something); ``tree``: the rows' ARPO tree
-    records."""
+    ``answer_seen`` / ``answer_known`` [B, T]; ``hop_right`` [B, T] (the turn made its chain's next correct hop),
+    ``hop_known`` [B] (the row's sample named its chain: ``hop_right`` means something) and ``hop_total`` [B] (its
+    chain's length, 0 where unknown); ``tree``: the rows' ARPO tree records."""
 
     records: list[TurnRecord]
     num_turns: Tensor
@@ -171,6 +172,7 @@ class TurnBatch:
     hop_right: Tensor
     hop_known: Tensor
     tree: TreeBatch
+    hop_total: Tensor | None = None
 
     @property
     def width(self) -> int:
@@ -213,8 +215,9 @@ class TurnBatch:
             hops = [bool(v) for v in r.hop_right[:n]]
             if hops:
                 hop_right[i, :len(hops)] = torch.tensor(hops)
+        hop_total = torch.tensor([int(r.hop_total or 0) if r.hop_right else 0 for r in records], dtype=torch.long)
         return cls(records, num_turns, turn_ends, format_ok, tool_names, tool_status, infra_failed, seen, known,
-                   hop_right, hop_known, TreeBatch.from_records(records))
+                   hop_right, hop_known, TreeBatch.from_records(records), hop_total)
 
     def answer_logprobs(self, alias_mode: str) -> Tensor:
         """[B, T] float64: the rollout's log-probability of the gold answer at each kept turn's boundary, its aliases

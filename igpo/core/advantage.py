@@ -39,7 +39,11 @@ from torch import Tensor
 
 from igpo.core.token_passes import Boundaries, find_boundaries, spread, token_reward_boundaries, token_reward_masks
 
-NORM_MODES = ("joint", "separate", "scaled_separate", "raw_ig")
+NORM_MODES = ("joint", "separate", "scaled_separate", "raw_ig", "uncentred", "potential", "state_grouped")
+# The designs in which the turn reward is not centred over the group's turns, so that a trajectory that makes more
+# progress can earn more turn credit in total (docs/methods/turn_credit.md).
+PROGRESS_MODES = ("uncentred", "potential", "state_grouped")
+STATE_ANCHORS = ("hops", "turn")
 NORM_ORDERS = ("before_discount", "after_discount")
 NORM_GROUPS = ("group", "group_turn")
 
@@ -57,7 +61,21 @@ class AdvantageConfig:
         ``raw_ig``: IG is not mean-centred: N[I] = r / (σ_g(I) + ε) · ig_weight + ẑ(F) of the same trajectory;
             γ is forced to 0 (each turn sees its own IG plus the outcome). The reference divides by σ even when
             norm_adv_by_std is False; kept for fidelity. Use against "turn shortening" (a mean-centred IG summed
-            over many turns drifts with depth).
+            over many turns drifts with depth). A pool whose turn rewards are all equal (σ² = 0) divides by
+            √1e-8 = 1e-4 here, as in the reference: a constant turn reward (the oracle's 1 per correct hop) is then
+            multiplied by 10⁴.
+        The three designs below keep the turn reward uncentred, so progress can pay (docs/methods/turn_credit.md):
+        ``uncentred``: N[F] = ẑ(F), N[I] = ig_weight · r (÷ σ_g(I) with ``turn_std``, where the pool has spread),
+            then the discount as configured: A_k = N_k + γ A_{k+1}. No batch scalar, no mean-centring of r (DR-Venus's
+            ``raw_ig`` generalised, without forcing γ = 0 and without adding the outcome at every turn).
+        ``potential``: for turn rewards that are potential differences r_j = Φ_{j+1} − Φ_j: γ is forced to 1, so
+            A_k = ẑ(F) + ig_weight · (Φ_end − Φ_k): the outcome's GRPO advantage on every turn plus the progress made
+            from turn k to the end (telescoped shaping with the outcome kept).
+        ``state_grouped``: GiGPO's two-level advantage with turn rewards in the step return. A_k = ẑ(F) + A^S_k,
+            A^S_k = R_k − mean{R_k' : k' taken from the same state} (÷ their σ with ``turn_std``; 0 for a state seen
+            once), R_k = Σ_{k'≥k} γ^{k'−k} x_{k'} with x = ig_weight · r at turn positions, the raw outcome at the
+            outcome position, plus penalties. The state of each boundary comes from the method (``Boundaries.anchor``;
+            ``state_anchor`` chooses it where the method offers several).
     gamma: turn-level discount γ ∈ [0, 1] (over boundaries, not tokens).
     norm_adv_by_std: divide by σ_g + ε (GRPO); False gives Dr.GRPO-style mean-centring only.
     ig_weight: multiplier of normalized IG rewards (raw_ig: applied before adding the outcome term).
@@ -75,6 +93,14 @@ class AdvantageConfig:
         rollouts of the prompt (against the depth bias, A²TGPO-style); outcome stays pooled per group.
         Not defined for ``joint`` (outcome and IG share one pool there).
     scale_floor, scale_cap: the 0.3 floor and 10 cap of scaled_separate's batch scalar.
+    turn_std: ``uncentred`` and ``state_grouped`` only: divide the turn term by its pool's σ (the group's turn
+        rewards; the state's step returns, GiGPO's ``mean_std_norm``); off by default (GiGPO's ``mean_norm``).
+    std_ddof: σ of every z-score over n pooled values as √(Σ(r − μ)²/(n − std_ddof) + 1e-8): 0, the population σ
+        (DR-Venus, the default), or 1, the sample σ of verl's GRPO (``torch.std``), so that a comparison against
+        ``adv_estimator=grpo`` gives the outcome channel the same scale.
+    state_anchor: ``state_grouped`` only: which state a turn was taken from, where the method offers a choice:
+        ``hops`` (the correct hops made so far; the demo world's truth, TurnBatch.hop_right) or ``turn`` (the turn's
+        index, available everywhere); None: the method's own (the oracle: hops; information-gain methods: turn).
     """
 
     norm_mode: str = "scaled_separate"
@@ -87,6 +113,9 @@ class AdvantageConfig:
     norm_group: str = "group"
     scale_floor: float = 0.3
     scale_cap: float = 10.0
+    turn_std: bool = False
+    std_ddof: int = 0
+    state_anchor: str | None = None
 
     def __post_init__(self):
         if self.norm_mode not in NORM_MODES:
@@ -114,6 +143,30 @@ class AdvantageConfig:
         if not (0 < self.scale_floor <= self.scale_cap < math.inf):
             raise ValueError(f"scale_floor={self.scale_floor!r} and scale_cap={self.scale_cap!r} must satisfy "
                              "0 < scale_floor <= scale_cap < inf.")
+        if self.std_ddof not in (0, 1) or isinstance(self.std_ddof, bool):
+            raise ValueError(f"std_ddof={self.std_ddof!r} must be 0 (population σ, DR-Venus) or 1 (sample σ, verl's "
+                             "GRPO).")
+        progress = self.norm_mode in PROGRESS_MODES
+        if progress and self.norm_order != "before_discount":
+            raise ValueError(f"norm_mode={self.norm_mode!r} with norm_order={self.norm_order!r}: after_discount z-scores "
+                             "the returns, which centres the turn rewards this design leaves uncentred; use "
+                             "norm_order=before_discount (the default).")
+        if progress and self.norm_group != "group":
+            raise ValueError(f"norm_mode={self.norm_mode!r} with norm_group={self.norm_group!r}: the turn reward is not "
+                             "pooled per turn index in this design; use norm_group=group (the default).")
+        if self.turn_std and self.norm_mode not in ("uncentred", "state_grouped"):
+            raise ValueError(f"turn_std=true with norm_mode={self.norm_mode!r}: only uncentred and state_grouped divide "
+                             "the turn term by a σ (potential must not: the sum would no longer telescope); set "
+                             "turn_std=false or choose one of those modes.")
+        if self.state_anchor is not None and (self.norm_mode != "state_grouped" or
+                                              self.state_anchor not in STATE_ANCHORS):
+            raise ValueError(f"state_anchor={self.state_anchor!r} with norm_mode={self.norm_mode!r}: a state anchor is "
+                             f"one of {STATE_ANCHORS} and is read by norm_mode=state_grouped only; remove the key or "
+                             "set norm_mode=state_grouped.")
+        if self.norm_mode in ("potential", "state_grouped") and self.adaptive_gamma_min_weight > 0:
+            raise ValueError(f"adaptive_gamma_min_weight with norm_mode={self.norm_mode!r} is not defined (potential "
+                             "telescopes with γ = 1; state_grouped compares returns of one state across rows, which "
+                             "needs one γ); set it to 0.")
 
 
 def last_response_token(response_mask: Tensor) -> Tensor:
@@ -249,6 +302,7 @@ def _zero_tokens(shape: tuple[int, int], dtype: torch.dtype, device: torch.devic
 # Mode codes passed to the compiled turn-level kernel.
 _MODE_CODE = {mode: code for code, mode in enumerate(NORM_MODES)}
 _JOINT, _SCALED_SEPARATE, _RAW_IG = _MODE_CODE["joint"], _MODE_CODE["scaled_separate"], _MODE_CODE["raw_ig"]
+_UNCENTRED, _POTENTIAL = _MODE_CODE["uncentred"], _MODE_CODE["potential"]
 
 
 @numba.njit(cache=True, nogil=True)
@@ -276,10 +330,10 @@ def _add_discounted(out, values, K, gamma):
 
 
 @numba.njit(cache=True, nogil=True)
-def _pooled_z(v, sel, w, K, g, turn_stride, num_keys, divide, eps, z):
+def _pooled_z(v, sel, w, K, g, turn_stride, num_keys, divide, eps, z, ddof):
     """z[p] = ẑ of v[p] for the selected boundaries (other entries of z are not written), pooled by key with weights w
     (module docstring; w = 1 except for the copies of a turn that ARPO branches share, 1/|S| each; w of length 0: all
-    1, the same arithmetic); returns σ per key.
+    1, the same arithmetic); returns σ per key, √(Σ w (v − μ)² / (Σ w − ddof) + 1e-8) (1 for a key of one position).
     A boundary of row i has key g[i] (turn_stride 0), or g[i] · turn_stride + its rank among the row's selected
     boundaries (norm_group=group_turn: one pool per group and turn).
 
@@ -336,7 +390,7 @@ def _pooled_z(v, sel, w, K, g, turn_stride, num_keys, divide, eps, z):
     sigma = np.ones(num_keys)
     for k in range(num_keys):
         if n[k] > 1.0 + 1e-9:  # more than one distinct position (weights of shared copies sum to ~1)
-            sigma[k] = math.sqrt(var[k] / n[k] + 1e-8)
+            sigma[k] = math.sqrt(var[k] / (n[k] - ddof) + 1e-8)
     start = 0
     for i in range(B):
         end = start + K[i]
@@ -352,7 +406,7 @@ def _pooled_z(v, sel, w, K, g, turn_stride, num_keys, divide, eps, z):
 
 @numba.njit(cache=True, nogil=True)
 def _turn_advantages(K, g, num_groups, r, is_f, is_i, pen, w, mode, gamma, adaptive_w, after_discount, group_turn,
-                     divide, eps, ig_weight, scale_floor, scale_cap, outcome_weight, ig_schedule):
+                     divide, eps, ig_weight, scale_floor, scale_cap, outcome_weight, ig_schedule, ddof, turn_std):
     """Per-boundary advantages A (flat, row-major) from rewards r, outcome / IG flags, penalties and pool weights w
     (group statistics and scaled_separate's batch means are w-weighted): normalize (mode), weight, discount (order).
     Returns (A, γ_i per row, [ig_scale, |ẑ(F)| mean, |scaled ẑ(I)| mean, mean r/σ over I]).
@@ -363,7 +417,8 @@ def _turn_advantages(K, g, num_groups, r, is_f, is_i, pen, w, mode, gamma, adapt
     B, n = K.shape[0], r.shape[0]
     weighted = w.shape[0] != 0
     raw_ig = mode == _RAW_IG
-    gam = np.full(B, 0.0 if raw_ig else gamma)
+    uncentred = mode == _UNCENTRED or mode == _POTENTIAL
+    gam = np.full(B, 0.0 if raw_ig else 1.0 if mode == _POTENTIAL else gamma)
     if adaptive_w > 0 and not raw_ig:
         for i in range(B):
             if K[i] > 1:
@@ -381,9 +436,9 @@ def _turn_advantages(K, g, num_groups, r, is_f, is_i, pen, w, mode, gamma, adapt
     stats = np.full(4, np.nan)
     N = np.zeros(n)
     if mode == _JOINT:
-        _pooled_z(v, is_f | is_i, w, K, g, 0, num_groups, divide, eps, N)
+        _pooled_z(v, is_f | is_i, w, K, g, 0, num_groups, divide, eps, N, ddof)
     else:
-        _pooled_z(v, is_f, w, K, g, 0, num_groups, divide, eps, N)
+        _pooled_z(v, is_f, w, K, g, 0, num_groups, divide, eps, N, ddof)
         ig_max = 1  # the most IG boundaries in one row: the stride of group_turn's keys
         if group_turn:
             start = 0
@@ -395,7 +450,7 @@ def _turn_advantages(K, g, num_groups, r, is_f, is_i, pen, w, mode, gamma, adapt
                 start += K[i]
         stride = ig_max if group_turn else 0
         sigma_i = _pooled_z(v, is_i, w, K, g, stride, num_groups * ig_max if group_turn else num_groups, divide, eps,
-                            N)
+                            N, ddof)
         n_f, n_i, abs_f, abs_i, over_std = 0.0, 0.0, 0.0, 0.0, 0.0
         start = 0
         for i in range(B):
@@ -413,6 +468,12 @@ def _turn_advantages(K, g, num_groups, r, is_f, is_i, pen, w, mode, gamma, adapt
                         scaled = v[p] / (sigma_i[k] + eps)
                         over_std += w_p * scaled
                         N[p] = scaled * ig_weight + outcome_z
+                    elif uncentred:
+                        # Not centred; divided by σ only where the pool has spread (σ² above the 1e-8 every σ
+                        # carries): a constant reward over a pool stays as it is rather than times 10⁴.
+                        spread = turn_std and sigma_i[k] * sigma_i[k] > 2e-8
+                        N[p] = v[p] / sigma_i[k] if spread else v[p]
+                        over_std += w_p * N[p]
                     n_i += w_p
                     abs_i += w_p * abs(N[p])
                     k += stride != 0
@@ -420,7 +481,7 @@ def _turn_advantages(K, g, num_groups, r, is_f, is_i, pen, w, mode, gamma, adapt
                     n_f += w_p
                     abs_f += w_p * abs(N[p])
             start = end
-        if raw_ig and n_i:
+        if (raw_ig or uncentred) and n_i:
             stats[3] = over_std / n_i
         if mode == _SCALED_SEPARATE:
             numerator = max(abs_f / n_f, scale_floor) if n_f else 1.0
@@ -450,13 +511,60 @@ def _turn_advantages(K, g, num_groups, r, is_f, is_i, pen, w, mode, gamma, adapt
     return N, gam, stats
 
 
-def _metrics(stats, r, is_f, is_i, is_p, rows, g, num_groups, K, gamma, A, tokens):
+def _state_grouped(K, g, num_groups, r, is_f, is_i, pen, w, anchor, cfg: AdvantageConfig, outcome_weight: float,
+                   ig_schedule: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``state_grouped`` (AdvantageConfig): A_k = w_f · ẑ(F)_i + A^S_k per boundary k of row i (flat, row-major),
+    with A^S the step return's difference from the mean over the boundaries of the same (prompt group, anchor) key
+    (``anchor`` [n] int64, −1: no state, A^S = 0). Returns (A, γ per row, stats [share of boundaries whose state was
+    seen more than once, mean |A^S| over them, NaN, NaN]).
+
+    Vectorised over boundaries (np.bincount per key); the discount is the compiled one of the other modes."""
+    B, n = K.shape[0], r.shape[0]
+    gam = np.full(B, cfg.gamma)
+    weights = w if w is not None else np.ones(n)
+    # The episode term: the outcome's group z-score, the same on every boundary of its row (GiGPO's A^E).
+    z = np.zeros(n)
+    _pooled_z(r, is_f, weights if w is not None else _NO_VALUES, K, g, 0, num_groups, cfg.norm_adv_by_std,
+              cfg.epsilon, z, cfg.std_ddof)
+    rows = np.repeat(np.arange(B), K)
+    outcome_z = np.zeros(B)
+    outcome_z[rows[is_f]] = z[is_f]
+    # The step return: turn rewards (weighted), the raw outcome and penalties, discounted to each boundary.
+    x = np.where(is_i, r * (cfg.ig_weight * ig_schedule), 0.0) + np.where(is_f, r, 0.0)
+    if pen is not None:
+        x = x + pen
+    _discount_in_place(x, K, gam)
+    step = np.zeros(n)
+    stats = np.full(4, np.nan)
+    has = anchor >= 0
+    if has.any():
+        top = int(anchor[has].max()) + 1
+        key, num_keys = _dense_ids(np.where(has, g[rows] * top + anchor, -1))
+        sel = has
+        count = np.bincount(key[sel], weights=weights[sel], minlength=num_keys)
+        mean = np.bincount(key[sel], weights=weights[sel] * x[sel], minlength=num_keys) / np.maximum(count, 1e-12)
+        dev = x - mean[key]
+        shared = sel & (count[key] > 1.0 + 1e-9)  # a state reached once has nothing to be compared with
+        step = np.where(shared, dev, 0.0)
+        if cfg.turn_std:
+            var = np.bincount(key[sel], weights=weights[sel] * dev[sel] ** 2, minlength=num_keys)
+            sigma = np.sqrt(var / np.maximum(count - cfg.std_ddof, 1e-12) + 1e-8)
+            step = np.where(shared, step / (sigma[key] + cfg.epsilon), 0.0)
+        stats[0] = float(weights[shared].sum() / weights.sum())
+        stats[1] = float(np.abs(step[shared]).mean()) if shared.any() else 0.0
+    A = outcome_weight * outcome_z[rows] + step
+    return A, gam, stats
+
+
+def _metrics(stats, r, is_f, is_i, is_p, rows, g, num_groups, K, gamma, A, tokens, mode: str = ""):
     """igpo/* metrics (§2.7) from the boundary arrays; token statistics (adv_*) over the response tokens of the
     segments, through per-segment token counts (tokens after a row's last boundary, advantage 0, are not counted)."""
     B = K.shape[0]
     metrics: dict[str, float] = {}
-    for name, value in zip(("ig_scale", "outcome_norm_abs_mean", "ig_norm_abs_mean", "ig_mean_over_std"), stats):
-        if not math.isnan(value):
+    names = (("state_shared_share", "state_step_abs_mean", "", "") if mode == "state_grouped" else
+             ("ig_scale", "outcome_norm_abs_mean", "ig_norm_abs_mean", "ig_mean_over_std"))
+    for name, value in zip(names, stats):
+        if name and not math.isnan(value):
             metrics[f"igpo/{name}"] = float(value)
     active = int((np.bincount(rows[is_i], minlength=B) > 0).sum())
     metrics["igpo/ig_active_samples"] = float(active)
@@ -581,11 +689,20 @@ def advantage_at_boundaries(
     r, is_f, is_i, pen, w = bounds.r, bounds.is_f, bounds.is_i, bounds.pen, bounds.w
     _check_positions(r, is_f, is_i, bounds.in_mask, pen, K, masked_turns_ok)
     g, num_groups = _dense_ids(group.cpu().numpy())
-    A, gamma, stats = _turn_advantages(
-        K, g, num_groups, r, is_f, is_i, pen if pen is not None else _NO_VALUES, w if w is not None else _NO_VALUES,
-        _MODE_CODE[cfg.norm_mode], cfg.gamma, cfg.adaptive_gamma_min_weight, cfg.norm_order == "after_discount",
-        cfg.norm_group == "group_turn", cfg.norm_adv_by_std, cfg.epsilon, cfg.ig_weight, cfg.scale_floor, cfg.scale_cap,
-        float(outcome_weight), float(ig_weight_schedule))
+    if cfg.norm_mode == "state_grouped":
+        if bounds.anchor is None:
+            raise ValueError("norm_mode='state_grouped' needs the state each turn was taken from (Boundaries.anchor); "
+                             "this caller built its reward positions without one: use a method that names its states "
+                             "(igpo, oracle, ig_search, ...) or another norm_mode.")
+        A, gamma, stats = _state_grouped(K, g, num_groups, r, is_f, is_i, pen, w, bounds.anchor, cfg,
+                                         float(outcome_weight), float(ig_weight_schedule))
+    else:
+        A, gamma, stats = _turn_advantages(
+            K, g, num_groups, r, is_f, is_i, pen if pen is not None else _NO_VALUES,
+            w if w is not None else _NO_VALUES, _MODE_CODE[cfg.norm_mode], cfg.gamma, cfg.adaptive_gamma_min_weight,
+            cfg.norm_order == "after_discount", cfg.norm_group == "group_turn", cfg.norm_adv_by_std, cfg.epsilon,
+            cfg.ig_weight, cfg.scale_floor, cfg.scale_cap, float(outcome_weight), float(ig_weight_schedule),
+            cfg.std_ddof, cfg.turn_std)
     if not np.isfinite(A).all():
         raise RuntimeError("IGPO advantage became non-finite (overflow in rewards or weights); refusing to return NaN.")
 
@@ -594,7 +711,7 @@ def advantage_at_boundaries(
         return out, out, {}
     rows = np.repeat(np.arange(B), K)
     is_p = pen != 0 if pen is not None else np.zeros(n, bool)
-    return out, out, _metrics(stats, r, is_f, is_i, is_p, rows, g, num_groups, K, gamma, A, tokens)
+    return out, out, _metrics(stats, r, is_f, is_i, is_p, rows, g, num_groups, K, gamma, A, tokens, cfg.norm_mode)
 
 
 @numba.njit(cache=True, nogil=True)

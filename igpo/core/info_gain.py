@@ -240,7 +240,8 @@ def penalty_into_ig_pool(ig: Tensor, ig_mask: Tensor, penalty: Tensor) -> tuple[
 
 
 def turn_boundaries(ig: Tensor, ig_mask: Tensor, penalty: Tensor, turn_ends: Tensor, outcome: Tensor,
-                    outcome_pos: Tensor, response_mask: Tensor, weight: Tensor | None = None) -> Boundaries:
+                    outcome_pos: Tensor, response_mask: Tensor, weight: Tensor | None = None,
+                    anchor: Tensor | None = None, outcome_anchor: Tensor | None = None) -> Boundaries:
     """The advantage's reward positions from the turn ends the rollout recorded (§1.6, fixing §10 item 14): no text
     is re-parsed and no [B, L] reward tensor is built.
 
@@ -252,7 +253,9 @@ def turn_boundaries(ig: Tensor, ig_mask: Tensor, penalty: Tensor, turn_ends: Ten
     reference's observation-end positions, and its own segment has no trained token. On the outcome's token a turn's
     IG is dropped and its penalty joins the outcome's position. ``weight`` [B, T] (optional): each IG's weight in the
     group statistics (``igpo.core.arpo.shared_turn_weights``: 1/|S| for a turn |S| ARPO branches share); outcomes
-    weigh 1. Raises on token indices outside the response or turn ends that do not increase.
+    weigh 1. ``anchor`` [B, T] and ``outcome_anchor`` [B] (optional, together): the state each tool turn and the
+    final turn were taken from (int, −1: none), for ``norm_mode=state_grouped``; a turn whose position is the
+    outcome's keeps the final turn's. Raises on token indices outside the response or turn ends that do not increase.
     """
     if not (ig.shape == ig_mask.shape == penalty.shape == turn_ends.shape) or ig.dim() != 2:
         raise ValueError(f"ig, ig_mask, penalty and turn_ends must share one [B, T] shape; got {tuple(ig.shape)}, "
@@ -264,6 +267,11 @@ def turn_boundaries(ig: Tensor, ig_mask: Tensor, penalty: Tensor, turn_ends: Ten
     # Turn-level data is small: work on host arrays (numpy's per-call overhead is a fraction of torch's).
     if weight is not None and weight.shape != ig.shape:
         raise ValueError(f"weight {tuple(weight.shape)} must have the [B, T] shape of ig {tuple(ig.shape)}.")
+    if (anchor is None) != (outcome_anchor is None) or (anchor is not None and (
+            anchor.shape != ig.shape or outcome_anchor.shape != (B,))):
+        raise ValueError(f"anchor [B, T] = {tuple(ig.shape)} and outcome_anchor [B] = ({B},) go together; got "
+                         f"{None if anchor is None else tuple(anchor.shape)} and "
+                         f"{None if outcome_anchor is None else tuple(outcome_anchor.shape)}.")
     ig, ig_mask, penalty, turn_ends, outcome, outcome_pos = (
         t.detach().cpu().numpy() for t in (ig, ig_mask, penalty, turn_ends, outcome, outcome_pos))
     row, col = np.nonzero(ig_mask | (penalty != 0))
@@ -288,6 +296,10 @@ def turn_boundaries(ig: Tensor, ig_mask: Tensor, penalty: Tensor, turn_ends: Ten
     if weight is not None:
         w = weight.detach().cpu().numpy().astype(np.float64)[row, col]
         pool_weight = np.concatenate([np.where(is_i, w, 1.0)[keep], np.ones(rows_f.size)])
+    states = None
+    if anchor is not None:
+        a = anchor.detach().cpu().numpy().astype(np.int64)
+        states = np.concatenate([a[row, col][keep], outcome_anchor.detach().cpu().numpy().astype(np.int64)[rows_f]])
     return Boundaries.at(
         rows=np.concatenate([row[keep], rows_f]),
         positions=np.concatenate([pos[keep], outcome_pos[rows_f]]),
@@ -295,7 +307,7 @@ def turn_boundaries(ig: Tensor, ig_mask: Tensor, penalty: Tensor, turn_ends: Ten
         is_f=np.concatenate([np.zeros(int(keep.sum()), bool), np.ones(rows_f.size, bool)]),
         is_i=np.concatenate([is_i[keep], np.zeros(rows_f.size, bool)]),
         penalty=np.concatenate([pen[keep], outcome_pen[rows_f]]),
-        response_mask=response_mask, weight=pool_weight)
+        response_mask=response_mask, weight=pool_weight, anchor=states)
 
 
 def ig_by_answer_seen(ig: Tensor, ig_mask: Tensor, answer_seen: Tensor) -> dict[str, float]:

@@ -3,7 +3,8 @@ the boundaries, so that IGPO's information-gain rule turns it into per-turn rewa
 
 Trajectory i has turns 0..N−1; boundary s is the context before turn s. With the agent loop's record of each turn,
 
-    r_j = 1      turn j made its chain's next correct hop (``TurnBatch.hop_right``)
+    r_j = u_i    turn j made its chain's next correct hop (``TurnBatch.hop_right``): u_i = 1 (``progress_unit=hop``)
+                 or 1/L_i for a chain of L_i hops (``progress_unit=chain``: Φ = hops/L, a finished chain is worth 1)
     r_j = −p     turn j is a tool call that did not (p = ``wrong_call_penalty``, 0 by default)
     r_j = 0      otherwise (an answer or a turn without a parsable call)
 
@@ -35,11 +36,19 @@ class OracleConfig:
         entity, a repeat of a reached one, a call that found nothing). 0 (default): only correct hops are rewarded,
         so a wrong call is worth what an unrewarded turn is; p > 0 makes it worse than that, the shape of a tool
         price.
+
+    progress_unit: ``hop`` (default): a correct hop is worth 1; ``chain``: 1/L for a chain of L hops, so that the
+        hop potential is the share of the chain made (Φ = hops/L) and two- and three-hop questions weigh alike (the
+        potential of norm_mode=potential; docs/methods/turn_credit.md).
     """
 
     wrong_call_penalty: float = 0.0
+    progress_unit: str = "hop"
 
     def __post_init__(self):
+        if self.progress_unit not in PROGRESS_UNITS:
+            raise ValueError(f"algorithm.oracle.progress_unit={self.progress_unit!r} is unknown; use one of "
+                             f"{PROGRESS_UNITS} (1 per correct hop, or 1/L of a chain of L hops).")
         p = self.wrong_call_penalty
         if isinstance(p, bool) or not isinstance(p, (int, float)) or not (math.isfinite(p) and p >= 0):
             raise ValueError(f"algorithm.oracle.wrong_call_penalty={p!r} must be a finite number >= 0 (0 rewards "
@@ -51,8 +60,12 @@ class OracleConfig:
         return cls(**section_values(cls, section, "oracle"))
 
 
-def turn_truth(hop_right: Tensor, called: Tensor, wrong_call_penalty: float) -> Tensor:
-    """r [B, T] float64 (module docstring): 1 for a correct hop, −p for another tool call, 0 otherwise.
+PROGRESS_UNITS = ("hop", "chain")
+
+
+def turn_truth(hop_right: Tensor, called: Tensor, wrong_call_penalty: float, unit: Tensor | None = None) -> Tensor:
+    """r [B, T] float64 (module docstring): u_i for a correct hop (``unit`` [B] float, default 1), −p for another
+    tool call, 0 otherwise.
 
     ``hop_right``, ``called`` [B, T] bool: turn j made its chain's next correct hop / is a tool call. A correct hop is
     a tool call by definition; a hop flag on a turn that called no tool is an inconsistent record and raises."""
@@ -63,7 +76,10 @@ def turn_truth(hop_right: Tensor, called: Tensor, wrong_call_penalty: float) -> 
         row, turn = (int(v) for v in torch.nonzero(hop_right & ~called)[0])
         raise ValueError(f"trajectory {row}, turn {turn} is recorded as a correct hop but called no tool; the agent "
                          "loop's hop_right and tool_names disagree (records from another loop version?).")
-    return torch.where(hop_right, 1.0, torch.where(called, -float(wrong_call_penalty), 0.0)).double()
+    hop = torch.ones(hop_right.shape[0], dtype=torch.float64) if unit is None else unit.double()
+    if hop.shape != hop_right.shape[:1] or not bool(torch.isfinite(hop).all()):
+        raise ValueError(f"unit must be a finite [B] = ({hop_right.shape[0]},) tensor; got {tuple(hop.shape)}.")
+    return torch.where(hop_right, hop[:, None], torch.where(called, -float(wrong_call_penalty), 0.0)).double()
 
 
 def hop_potential(truth: Tensor, known: Tensor) -> Tensor:

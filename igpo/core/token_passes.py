@@ -46,6 +46,8 @@ class Boundaries:
     None when no penalty was given; w: weight in the group statistics (float64; None: all 1; ARPO's shared turns).
     runs: [B, 2] int64 ``response_runs`` of the response mask these positions were found in (None: not recorded; the
     write pass then reads the mask). It describes that mask: write with the same one.
+    anchor: int64, the state each position's turn was taken from (−1: none), for ``norm_mode=state_grouped``; None
+    when the caller named no states.
     """
 
     flat: Tensor
@@ -57,20 +59,23 @@ class Boundaries:
     pen: np.ndarray | None
     w: np.ndarray | None = None
     runs: np.ndarray | None = None
+    anchor: np.ndarray | None = None
 
     @classmethod
     def at(cls, rows: np.ndarray, positions: np.ndarray, rewards: np.ndarray, is_f: np.ndarray, is_i: np.ndarray,
-           penalty: np.ndarray | None, response_mask: Tensor, weight: np.ndarray | None = None) -> "Boundaries":
+           penalty: np.ndarray | None, response_mask: Tensor, weight: np.ndarray | None = None,
+           anchor: np.ndarray | None = None) -> "Boundaries":
         """Reward positions given explicitly, one entry per token in any order (host arrays [n]): trajectory ``rows``,
         token ``positions``, and what lies there (reward, outcome / IG flags, penalty or None, weight in the group
-        statistics or None for all 1). O(n log n); no pass over the [B, L] tokens."""
+        statistics or None for all 1, the state the turn was taken from or None). O(n log n); no pass over the
+        [B, L] tokens."""
         if response_mask.dim() != 2 or response_mask.dtype != torch.bool:
             raise ValueError(f"response_mask must be a bool [B, L] tensor; got {response_mask.dtype} "
                              f"{tuple(response_mask.shape)}.")
         B, L = response_mask.shape
         n = rows.shape[0]
         for name, x in (("positions", positions), ("rewards", rewards), ("is_f", is_f), ("is_i", is_i),
-                        ("penalty", penalty), ("weight", weight)):
+                        ("penalty", penalty), ("weight", weight), ("anchor", anchor)):
             if x is not None and x.shape != (n,):
                 raise ValueError(f"{name} must be a [n] = ({n},) array like rows; got {x.shape}.")
         for name, x in (("rows", rows), ("positions", positions)):
@@ -96,7 +101,8 @@ class Boundaries:
         return cls(torch.from_numpy(flat).to(device), torch.from_numpy(np.bincount(rows, minlength=B)).to(device),
                    rewards[order].astype(np.float64), is_f[order].astype(bool), is_i[order].astype(bool), in_mask,
                    penalty[order].astype(np.float64) if penalty is not None else None,
-                   _pool_weight(weight[order]) if weight is not None else None)
+                   _pool_weight(weight[order]) if weight is not None else None,
+                   anchor=anchor[order].astype(np.int64) if anchor is not None else None)
 
 
 def _pool_weight(weight: np.ndarray) -> np.ndarray:

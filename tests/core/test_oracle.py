@@ -40,7 +40,7 @@ def test_a_row_whose_sample_names_no_chain_has_no_potential():
 
 def test_config_refuses_unknown_keys_and_bad_penalties_and_matches_the_base_yaml():
     with pytest.raises(ValueError, match=r"unknown key\(s\) algorithm.oracle.\['wrong_call_penalt'\].*"
-                                         r"known keys are \['wrong_call_penalty'\]"):
+                                         r"known keys are \['wrong_call_penalty', 'progress_unit'\]"):
         OracleConfig.from_dict({"wrong_call_penalt": 0.5})
     for bad in (-0.1, float("nan"), float("inf"), True, "0.5"):
         with pytest.raises(ValueError, match="algorithm.oracle.wrong_call_penalty"):

@@ -123,8 +123,13 @@ class IGPOMethod(Method):
             ig, ig_turn_mask, tool_penalty = penalty_into_ig_pool(ig, ig_turn_mask, tool_penalty)
         last = torch.where(infra.rows, -1, last)
         weight = self._shared_turn_weights(batch, ig_turn_mask, metrics)
+        anchor = outcome_anchor = None
+        if cfg.advantage.norm_mode == "state_grouped":
+            states = self.state_anchors(batch)
+            anchor = states[:, :-1]
+            outcome_anchor = states.gather(1, (num_turns - 1).clamp(min=0)[:, None])[:, 0]
         bounds = turn_boundaries(ig, ig_turn_mask, tool_penalty, turn_ends[:, :-1], rewarded_outcome, last,
-                                 infra.loss_mask, weight=weight)
+                                 infra.loss_mask, weight=weight, anchor=anchor, outcome_anchor=outcome_anchor)
 
         w_outcome, w_ig = curriculum_weights(batch.step, batch.total_steps, cfg.curriculum, ig_active=gate_open)
         # Empty turns (aborted generations) end on untrained tokens; their rewards still count (masked_turns_ok).
@@ -182,6 +187,26 @@ class IGPOMethod(Method):
             metrics["igpo/scoring_rollout_vs_actor_max_abs_diff"] = float(diff.max()) if diff.numel() else float("nan")
         ig, ig_turn_mask, ig_stats = turn_information_gain(boundary_lp.float(), scored, turns.num_turns, cfg.info_gain)
         return TurnGains(ig, ig_turn_mask, ig_stats, {"answer_logprob": boundary_lp.double()}, skipped)
+
+    default_state_anchor = "turn"  # what a turn's state is under norm_mode=state_grouped unless state_anchor says
+
+    def state_anchors(self, batch: StepBatch) -> torch.Tensor:
+        """[B, T] long: the state turn j was taken from, for ``norm_mode=state_grouped`` (its key within the prompt
+        group; −1: none). ``state_anchor`` (or the method's default): ``turn``, the turn's index j; ``hops``, the
+        correct hops the trajectory made before turn j (the demo world's record, ``TurnBatch.hop_right``; −1 on rows
+        whose sample names no chain)."""
+        turns = batch.turns
+        choice = self.igpo.advantage.state_anchor or self.default_state_anchor
+        B, T = turns.hop_right.shape
+        if choice == "turn":
+            return torch.arange(T).expand(B, T).clone()
+        if len(turns.records) and not bool(turns.hop_known.any()):
+            raise ValueError(
+                f"algorithm.igpo.state_anchor=hops (norm_mode=state_grouped): no trajectory of step {batch.step} names "
+                "its chain (extra_info.hop_targets, written by the demo world), so there are no hops to tell states "
+                "apart; set algorithm.igpo.state_anchor=turn, or train on a demo-world dataset.")
+        before = torch.cumsum(turns.hop_right.long(), dim=1) - turns.hop_right.long()
+        return torch.where(turns.hop_known[:, None], before, -1)
 
     def scored_boundaries(self, batch: StepBatch) -> torch.Tensor:
         """[B, T] bool: the boundaries ``algorithm.igpo`` selects (tool filter, ``ig_compute_freq``, ``ig_turns``;

@@ -31,6 +31,7 @@ class OracleMethod(IGPOMethod):
     name = "oracle"
     title = "oracle (the world's truth as turn reward; an upper reference, not a method)"
     gain_term = "oracle_reward"
+    default_state_anchor = "hops"  # norm_mode=state_grouped: a state is the correct hops made so far
 
     def __init__(self, config: Any):
         super().__init__(config)
@@ -56,7 +57,15 @@ class OracleMethod(IGPOMethod):
         called = torch.zeros(turns.hop_right.shape, dtype=torch.bool)
         for i, names in enumerate(turns.tool_names):
             called[i, :len(names)] = torch.tensor([name is not None for name in names], dtype=torch.bool)
-        truth = turn_truth(turns.hop_right, called, self.oracle.wrong_call_penalty)
+        unit = None
+        if self.oracle.progress_unit == "chain":
+            lengths = turns.hop_total if turns.hop_total is not None else torch.zeros(len(turns.records), dtype=torch.long)
+            if bool((known & (lengths <= 0)).any()):
+                raise ValueError("algorithm.oracle.progress_unit=chain: a trajectory names its chain but its record has "
+                                 "no chain length (igpo_hop_total, written by the agent loop since this option "
+                                 "exists); records from an older loop cannot use it: set progress_unit=hop.")
+            unit = torch.where(known, 1.0 / lengths.clamp(min=1).double(), 1.0)
+        truth = turn_truth(turns.hop_right, called, self.oracle.wrong_call_penalty, unit)
         potential = hop_potential(truth, known)
         # IGPO's reward positions, less the rows without truth (they then need no baseline and count in no statistic).
         scored = self.scored_boundaries(batch) & known[:, None]
