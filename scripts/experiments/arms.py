@@ -29,4 +29,21 @@ METHODS: dict[str, list[str]] = {
     # Potential-based shaping with the frozen reference policy as teacher (docs/methods/tips.md; needs the KL loss on,
     # as configs/igpo_base.yaml has it).
     "tips": ["algorithm.adv_estimator=tips"],
+    # Turn credit that can pay for progress (docs/methods/turn_credit.md; results/turn_credit2/plan.md): the turn
+    # reward left uncentred, each with verl GRPO's sample sigma (std_ddof=1) so that the outcome channel is GRPO's.
+    "oracle_raw_ig": ["algorithm.adv_estimator=oracle", "algorithm.igpo.norm_mode=raw_ig",
+                      "algorithm.igpo.std_ddof=1"],
+    "oracle_uncentred": ["algorithm.adv_estimator=oracle", "algorithm.igpo.norm_mode=uncentred",
+                         "algorithm.igpo.ig_weight=0.25", "algorithm.igpo.std_ddof=1"],
+    "oracle_potential": ["algorithm.adv_estimator=oracle", "algorithm.igpo.norm_mode=potential",
+                         "algorithm.oracle.progress_unit=chain", "algorithm.igpo.std_ddof=1"],
+    "oracle_state": ["algorithm.adv_estimator=oracle", "algorithm.igpo.norm_mode=state_grouped",
+                     "algorithm.igpo.std_ddof=1"],
+    "igpo_raw_ig": ["algorithm.adv_estimator=igpo", "algorithm.igpo.norm_mode=raw_ig", "algorithm.igpo.std_ddof=1"],
+    "igpo_uncentred": ["algorithm.adv_estimator=igpo", "algorithm.igpo.norm_mode=uncentred",
+                       "algorithm.igpo.turn_std=true", "algorithm.igpo.ig_weight=0.25", "algorithm.igpo.std_ddof=1"],
+    "igpo_potential": ["algorithm.adv_estimator=igpo", "algorithm.igpo.norm_mode=potential",
+                       "algorithm.igpo.ig_weight=0.1", "algorithm.igpo.std_ddof=1"],
+    "igpo_state": ["algorithm.adv_estimator=igpo", "algorithm.igpo.norm_mode=state_grouped",
+                   "algorithm.igpo.ig_weight=0.1", "algorithm.igpo.std_ddof=1"],
 }

@@ -24,7 +24,7 @@ Outputs (``--out``, default ``results/cpu_compare``):
                   same seed, and their difference
     train_success.png  the primary metric per step: the mean over seeds per method, with the 95% t interval shaded
     runs/<method>-s<seed>/   each run's train.log and tool-server log; with --checkpoint-every also model/, the trained
-                  policy in float32 for scripts/evaluate.py --model-path (checkpoints are deleted when it finishes)
+                  policy in float32 for python -m igpo.evaluate --model-path (checkpoints are deleted when it finishes)
 
 The summary opens with the primary measure: each method's per-seed values, and its paired difference against
 ``--baseline`` (GRPO) with a 95% paired t interval and a bootstrap interval beside it (``igpo/eval/paired.py``); then the
@@ -104,10 +104,10 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=1, choices=(1, 2),
                         help="runs at a time: 2 overlaps one run's start-up and serial Python with the other's work "
                              "(each run's torch work is single-threaded on the CPU demo)")
-    parser.add_argument("--val-before", default="all", choices=("all", "baseline"),
-                        help="which runs validate before step 1: every run, or the baseline's only (before training "
+    parser.add_argument("--val-before", default="all", choices=("all", "baseline", "none"),
+                        help="which runs validate before step 1: every run, the baseline's only (before training "
                              "every method at a seed has the same model and the same seeded samples, so the others "
-                             "would repeat it)")
+                             "would repeat it), or none (the initial model validated once, apart)")
     parser.add_argument("--trajectories", action="store_true",
                         help="keep every run's trajectory log (trainer.trajectory_dir) in its run directory")
     parser.add_argument("--validation-dumps", action="store_true",
@@ -157,7 +157,8 @@ def main() -> None:
 
     def run_and_report(run: Run) -> None:
         run_one(run, args.steps, args.val_every, args.extra, args.timeout,
-                val_before=args.val_before == "all" or run.method == args.baseline, trajectories=args.trajectories,
+                val_before=args.val_before == "all" or (args.val_before == "baseline" and run.method == args.baseline),
+                trajectories=args.trajectories,
                 validation_dumps=args.validation_dumps, checkpoint_every=args.checkpoint_every, resume=args.resume)
         final = run.steps[args.steps].get("val-core/all/f1", math.nan)
         print(f"compare: {run.method} seed {run.seed}: {run.wall_s:.0f} s, final validation F1 {final:.3f}", flush=True)
