@@ -117,7 +117,7 @@ if [ "$GPUS" -gt 0 ]; then
         # A recipe reproduces a paper: its own training data, never the 256-row sample by default.
         RECIPE_DATA=$("$PY" -m igpo.launch.recipes data "$IGPO_RECIPE") || exit 2
         config_error "IGPO_RECIPE=$IGPO_RECIPE trains on its own data: $RECIPE_DATA. Set TRAIN_FILE=<that parquet>" \
-            "(check it with: python scripts/prepare_data.py --check <file>), or TRAIN_FILE=data/train_nq_256.parquet" \
+            "(check it with: python -m igpo.prepare_data --check <file>), or TRAIN_FILE=data/train_nq_256.parquet" \
             "to run on the 256-row NQ sample on purpose."
     fi
     TRAIN_FILE="${TRAIN_FILE:-$ROOT/data/train_nq_256.parquet}"

@@ -100,7 +100,7 @@ REFERENCE_LAUNCH_KEYS = {
     "trainer.resume_dataloader_steps": "trainer.resume_mode=auto (the data loader position is checkpointed)",
     "reward_model.train_reward_type": "reward.custom_reward_function.reward_kwargs.train_reward_type",
     "reward_model.valid_reward_type": "nothing: validation reports f1, em and (with a judge) the judge's score per "
-                                      "sample; scripts/evaluate.py for benchmark runs",
+                                      "sample; python -m igpo.evaluate for benchmark runs",
     "reward_model.reward_kwargs.deepthink_disabled": "nothing: igpo has no DeepThink history summarisation; remove it",
     "reward_model.reward_kwargs": "reward.custom_reward_function.reward_kwargs",
 }

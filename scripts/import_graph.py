@@ -34,7 +34,8 @@ FLOORS: tuple[tuple[str, ...], ...] = (
                                           # trainer-wide algorithm config, composed of the agent's and core's
     ("igpo.integration",),                # trainer mode, methods, estimators, actor worker
     ("igpo.launch", "igpo.demo", "igpo.eval"),  # planning a run; the CPU demo's world and model; evaluation
-    ("igpo.main", "igpo.plugin", "igpo"),  # entry points: the launcher and verl's plugin hook
+    ("igpo.main", "igpo.plugin", "igpo", "igpo.evaluate", "igpo.prepare_data"),  # entry points: the launcher,
+                                          # verl's plugin hook, the evaluation and data commands (python -m igpo.…)
 )
 FLOOR = {room: level for level, rooms in enumerate(FLOORS) for room in rooms}
 

@@ -87,7 +87,7 @@ def load_rows(
     if missing:
         raise EvalInputError(
             f"{str(path)!r} lacks the column(s) {missing} (it has {table.column_names}); the test set needs "
-            f"{list(REQUIRED_COLUMNS)} (verl RL schema; convert raw QA files with scripts/prepare_data.py)."
+            f"{list(REQUIRED_COLUMNS)} (verl RL schema; convert raw QA files with python -m igpo.prepare_data)."
         )
     wanted = set(sources) if sources is not None else None
     allowed = set(allowed_sources) if allowed_sources is not None else None

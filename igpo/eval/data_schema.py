@@ -28,7 +28,7 @@ def _what(value: Any) -> str:
 def row_problems(row: Any, *, for_training: bool, allowed_sources: set[str] | None = None) -> list[str]:
     """Every problem of one row, each naming the field and what it should be (empty list: the row is fine).
 
-    ``for_training=True`` checks the row as ``scripts/prepare_data.py`` writes it: ``ability``,
+    ``for_training=True`` checks the row as ``python -m igpo.prepare_data`` writes it: ``ability``,
     ``reward_model.style`` and ``extra_info.split`` are required and ``ground_truth`` must be one string.
     ``for_training=False`` checks what evaluation needs: those fields may be absent and ``ground_truth`` may also be a
     list of strings. ``prompt`` may be a numpy array (as pandas returns parquet lists) in both modes. A

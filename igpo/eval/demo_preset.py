@@ -1,4 +1,4 @@
-"""``scripts/evaluate.py --demo NAME``: evaluate a model on the CPU demo's held-out questions as the demo's training
+"""``python -m igpo.evaluate --demo NAME``: evaluate a model on the CPU demo's held-out questions as the demo's training
 validates it, without restating its settings.
 
 The settings are read from the configuration the demo trains with (``configs/cpu_demo.yaml``, plus
@@ -30,7 +30,7 @@ class DemoPreset:
     inputs: dict[str, Any]
     """``data``, ``model_path`` and ``corpus``: used where the command line names no data, model or tools."""
     defaults: dict[str, Any]
-    """scripts/evaluate.py's argument defaults (argparse ``dest`` names)."""
+    """python -m igpo.evaluate's argument defaults (argparse ``dest`` names)."""
     env: dict[str, str] = field(default_factory=dict)
     """Environment defaults for the local HF rollout server (an exported value wins)."""
 

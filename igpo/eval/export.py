@@ -1,4 +1,4 @@
-"""A trained policy out of a verl FSDP checkpoint, as a Hugging Face model directory that ``scripts/evaluate.py
+"""A trained policy out of a verl FSDP checkpoint, as a Hugging Face model directory that ``python -m igpo.evaluate
 --model-path`` (or any transformers loader) reads, in the precision it trained in.
 
 verl's own merger (``python -m verl.model_merger merge --backend fsdp``) writes bfloat16. A small model trained at a

@@ -286,7 +286,7 @@ def check_inputs(config: Any) -> None:
         files = config.data.get(key)
         for path in ([files] if isinstance(files, str) else list(files or [])):
             if not Path(path).is_file():
-                raise ConfigError(f"data.{key}: {path!r} does not exist; prepare it with scripts/prepare_data.py.")
+                raise ConfigError(f"data.{key}: {path!r} does not exist; prepare it with python -m igpo.prepare_data.")
 
 
 def check_algorithm(config: Any):

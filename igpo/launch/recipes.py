@@ -276,7 +276,7 @@ def _dropped(reason: str) -> Counterpart:
 _CONTEXT = ("data.max_prompt_length", "data.max_response_length")
 _PATHS = "a path or endpoint: train_igpo.sh takes TRAIN_FILE/VAL_FILE, MODEL_PATH, OUTPUT_DIR, RETRIEVER_URL"
 _LOGGING = "logging and experiment tracking, not the method"
-_VALIDATION = ("validation during training: ours evaluates after training with scripts/evaluate.py "
+_VALIDATION = ("validation during training: ours evaluates after training with python -m igpo.evaluate "
                "(igpo_trainer.yaml sets test_freq=-1, val_before_train=false)")
 _MICRO = ("micro-batching for the reference's GPUs: ours packs micro-batches by tokens (use_dynamic_bsz, "
           "igpo_launch.tokens_per_gpu); the update does not change")
@@ -549,7 +549,7 @@ def main(argv: list[str] | None = None) -> int:
     data.add_argument("name")
     table = sub.add_parser("table", help="the published table of a recipe, with ours from an evaluation's results.csv")
     table.add_argument("name")
-    table.add_argument("--results", type=Path, help="results.csv written by scripts/evaluate.py")
+    table.add_argument("--results", type=Path, help="results.csv written by python -m igpo.evaluate")
     show = sub.add_parser("show", help="every training value the recipe sets, as composed over igpo_trainer.yaml, "
                                        "with its source tag")
     show.add_argument("name")
@@ -582,7 +582,7 @@ def _read_results(path: Path) -> list[dict[str, Any]]:
     import csv
 
     if not path.is_file():
-        raise RecipeError(f"--results {path}: no such file; pass the results.csv of a scripts/evaluate.py run.")
+        raise RecipeError(f"--results {path}: no such file; pass the results.csv of a python -m igpo.evaluate run.")
     with path.open(newline="", encoding="utf-8") as f:
         return [{k: (None if v == "" else v) for k, v in row.items()} for row in csv.DictReader(f)]
 

@@ -288,7 +288,7 @@ def run_one(run: Run, steps: int, val_every: int, extra: list[str], timeout_s: f
     if steps not in run.steps:
         raise SystemExit(f"compare: {run.method} seed {run.seed} exited 0 but logged no step {steps}; see "
                          f"{run.directory / 'train.log'}")
-    if checkpoint_every:  # the trained policy, for scripts/evaluate.py --model-path, before its checkpoints go
+    if checkpoint_every:  # the trained policy, for python -m igpo.evaluate --model-path, before its checkpoints go
         export_policy(run.directory / "checkpoints" / f"global_step_{steps}" / "actor", run.directory / "model")
     shutil.rmtree(run.directory / "checkpoints", ignore_errors=True)
     run.wall_s = sum(end - start for start, end in run.intervals)

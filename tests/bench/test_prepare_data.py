@@ -1,6 +1,5 @@
 """Data preparation: conversion to the verl schema, row-level errors, splits, and --check."""
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -10,17 +9,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+import igpo.prepare_data as prepare_data
 from igpo.core.ground_truth import parse_ground_truth
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "scripts" / "prepare_data.py"
 TEST_SET = REPO / "data" / "qa_test_7src.parquet"
 SOURCES_7 = "nq,tq,popqa,hotpotqa,2wiki,musique,Bamboogle"
-
-_spec = importlib.util.spec_from_file_location("prepare_data", SCRIPT)
-prepare_data = importlib.util.module_from_spec(_spec)
-sys.modules["prepare_data"] = prepare_data  # dataclasses look their module up there
-_spec.loader.exec_module(prepare_data)
 
 
 def write_jsonl(path: Path, lines: list) -> Path:
@@ -168,9 +162,9 @@ def test_shipped_train_sample_is_valid_and_disjoint_from_the_test_set():
     assert not any(prepare_data.normalize_question(prepare_data.question_of(r)) in test_questions for r in train)
 
 
-def test_runs_as_a_script():
-    result = subprocess.run([sys.executable, str(SCRIPT), "--check", str(TEST_SET)], capture_output=True, text=True,
-                            timeout=60, cwd=REPO)
+def test_runs_as_a_module():
+    result = subprocess.run([sys.executable, "-m", "igpo.prepare_data", "--check", str(TEST_SET)], capture_output=True,
+                            text=True, timeout=60, cwd=REPO)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().endswith("OK: every row is valid")
 

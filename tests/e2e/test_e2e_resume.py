@@ -135,7 +135,7 @@ def test_search_r1_rehearsal_stopped_by_a_flaky_retriever_resumes_after_a_crash_
         model = re.search(r"tiny model at (\S+)\)", out_a).group(1)
         retriever = InProcessServer(ServerConfig(backend="retriever", retriever_url=upstream.url, default_topk=3))
         with retriever:
-            rc, out = run_guarded([sys.executable, "scripts/evaluate.py", "--data", "data/qa_test_7src.parquet",
+            rc, out = run_guarded([sys.executable, "-m", "igpo.evaluate", "--data", "data/qa_test_7src.parquet",
                                    "--limit-per-source", "1", "--model-path", model, "--tool-server", retriever.url,
                                    "--recipe", "search_r1_local", "--max-tokens-per-turn", "64",
                                    "--max-observation-tokens", "96", "--response-length", "512",

@@ -1,28 +1,19 @@
-"""``scripts/evaluate.py --demo NAME`` (igpo/eval/demo_preset.py): the demo's settings come from the configuration it
-trains with, command-line flags win, and a checkout without the demo's files is told how to build them."""
+"""``python -m igpo.evaluate --demo NAME`` (igpo/eval/demo_preset.py): the demo's settings come from the configuration
+it trains with, command-line flags win, and a checkout without the demo's files is told how to build them."""
 
-import importlib.util
 import os
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
 
+import igpo.evaluate as evaluate_script
 from igpo.demo.world import TOPK
 from igpo.eval.demo_preset import demo_preset
 from igpo.eval.settings import EvalInputError
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _script():
-    spec = importlib.util.spec_from_file_location("evaluate_script_preset", REPO / "scripts" / "evaluate.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def _fake_checkout(tmp_path: Path, model_dir: str) -> Path:
@@ -72,7 +63,7 @@ def test_missing_demo_files_name_the_command_that_builds_them(tmp_path):
                     or not (REPO / ".cache" / "tiny_demo_warm" / "config.json").is_file(),
                     reason="the demo's world and model are built by scripts/test.sh (train_igpo.sh --dry-run)")
 def test_flags_win_over_the_preset_and_an_endpoint_or_tool_server_replaces_its_model_or_corpus():
-    script = _script()
+    script = evaluate_script
     args = script.parse_args(["--demo", "tiny", "--out", "o", "--runs", "2", "--max-turns", "3",
                               "--model-path", "trained"])
     assert (args.runs, args.max_turns, args.model_path, args.max_tokens_per_turn) == (2, 3, "trained", 32)
@@ -86,7 +77,7 @@ def test_flags_win_over_the_preset_and_an_endpoint_or_tool_server_replaces_its_m
 
 
 def test_the_demos_environment_is_set_for_the_run_only(monkeypatch):
-    script = _script()
+    script = evaluate_script
     monkeypatch.delenv("IGPO_CPU_ROLLOUT_DTYPE", raising=False)
     monkeypatch.setenv("IGPO_CPU_ROLLOUT_THREADS", "1")
     with script.environment_defaults({"IGPO_CPU_ROLLOUT_DTYPE": "float32", "IGPO_CPU_ROLLOUT_THREADS": "2"}):

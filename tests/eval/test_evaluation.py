@@ -1,4 +1,4 @@
-"""scripts/evaluate.py and igpo/eval/: real tool server, real HTTP fakes of the policy endpoint and the judge on
+"""python -m igpo.evaluate and igpo/eval/: real tool server, real HTTP fakes of the policy endpoint and the judge on
 127.0.0.1, the tiny model for the local Hugging Face path."""
 
 from __future__ import annotations
@@ -6,15 +6,14 @@ from __future__ import annotations
 import asyncio
 import csv
 import hashlib
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+import igpo.evaluate as evaluate_script
 from igpo.eval.data import file_sha256, load_rows
 from igpo.eval.policy import EndpointError, OpenAICompletionsServer, parse_completion
 from igpo.eval.settings import EvalConfig, EvalInputError, check_resume, config_record, write_settings
@@ -27,10 +26,6 @@ REPO = Path(__file__).resolve().parents[2]
 TEST_SET = REPO / "data" / "qa_test_7src.parquet"
 CORPUS = REPO / "data" / "wiki_passages_1000.jsonl"
 
-_spec = importlib.util.spec_from_file_location("evaluate_script", REPO / "scripts" / "evaluate.py")
-evaluate_script = importlib.util.module_from_spec(_spec)
-sys.modules["evaluate_script"] = evaluate_script
-_spec.loader.exec_module(evaluate_script)
 
 SOURCES = "2wiki,Bamboogle"
 SMALL = ["--max-turns", "3", "--max-tokens-per-turn", "256", "--max-observation-tokens", "128",

@@ -17,6 +17,7 @@ import pytest
 
 from hydra import compose, initialize_config_dir
 
+from igpo.evaluate import main as evaluate_main
 from igpo.launch.recipes import RecipeError, available, comparison_table, load_recipe, main, recipe_lines
 from launch_dry_run import dry_run_in_process, script_dry_run
 
@@ -156,13 +157,8 @@ def test_comparison_table_has_the_published_shape():
 
 
 def test_evaluate_refuses_a_judge_recipe_without_the_judge(tmp_path, capsys):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("evaluate_for_recipes", REPO / "scripts" / "evaluate.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    rc = module.main(["--data", str(REPO / "data" / "qa_test_7src.parquet"), "--out", str(tmp_path), "--model-path",
-                      str(tmp_path), "--tool-server", "http://127.0.0.1:9", "--recipe", "drvenus_long"])
+    rc = evaluate_main(["--data", str(REPO / "data" / "qa_test_7src.parquet"), "--out", str(tmp_path), "--model-path",
+                        str(tmp_path), "--tool-server", "http://127.0.0.1:9", "--recipe", "drvenus_long"])
     assert rc == 2 and "add --judge" in capsys.readouterr().err
 
 

@@ -1,5 +1,7 @@
 """Evaluate a search agent on a QA test parquet: the igpo_agent loop + tool server, scored like the training reward.
 
+Run as ``python -m igpo.evaluate``; ``--help`` explains every flag.
+
 With --recipe NAME (configs/recipe/NAME.yaml) the run also writes comparison.md: our scores in the paper's table
 shape beside the published rows, with the recipe's corpus and its coverage caveat; the recipe's metric, turn limit
 and top-k are the defaults, and settings.json records the recipe.
@@ -23,15 +25,15 @@ so pass@k >= avg@k in every row. Runs without a score (no judge verdict) are lef
 Examples::
 
     # a local Hugging Face checkpoint and a local BM25 corpus (the script starts the tool server)
-    python scripts/evaluate.py --data data/qa_test_7src.parquet --limit-per-source 4 \\
+    python -m igpo.evaluate --data data/qa_test_7src.parquet --limit-per-source 4 \\
         --model-path .cache/tiny_model/<id> --corpus data/wiki_passages_1000.jsonl --out outputs/eval_tiny
     # a vLLM server (token ids in and out) and a running tool server, judged by an LLM (JUDGE_* in the environment)
-    python scripts/evaluate.py --data data/qa_test_7src.parquet --endpoint http://127.0.0.1:8000/v1 \\
+    python -m igpo.evaluate --data data/qa_test_7src.parquet --endpoint http://127.0.0.1:8000/v1 \\
         --model qwen --tokenizer /models/qwen --tool-server http://127.0.0.1:8001 --judge --out outputs/eval_qwen
     # the CPU demo's held-out questions with its agent and validation settings, on a model SmolLM2 training left
-    python scripts/evaluate.py --demo smollm2 --model-path <run>/model --out outputs/eval_smollm2_trained
+    python -m igpo.evaluate --demo smollm2 --model-path <run>/model --out outputs/eval_smollm2_trained
     # avg@4 / pass@4: four sampled answers per question
-    python scripts/evaluate.py --data data/qa_test_7src.parquet --endpoint http://127.0.0.1:8000/v1 \\
+    python -m igpo.evaluate --data data/qa_test_7src.parquet --endpoint http://127.0.0.1:8000/v1 \\
         --model qwen --tokenizer /models/qwen --tool-server http://127.0.0.1:8001 \\
         --runs 4 --temperature 0.7 --top-p 0.95 --out outputs/eval_qwen_k4
 
@@ -51,23 +53,22 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from igpo.integration.tool_spend import parse_prices, totals  # noqa: E402
-from igpo.demo.world import TOPK as DEMO_TOPK  # noqa: E402
-from igpo.eval.data import file_sha256, load_rows  # noqa: E402
-from igpo.eval.demo_preset import STARTING_MODELS, demo_preset  # noqa: E402
-from igpo.eval.evaluation import evaluate  # noqa: E402
-from igpo.eval.plots import write_plots  # noqa: E402
-from igpo.eval.policy import OpenAICompletionsServer, hf_server  # noqa: E402
-from igpo.eval.settings import (  # noqa: E402
+from igpo.demo.world import TOPK as DEMO_TOPK
+from igpo.eval.data import file_sha256, load_rows
+from igpo.eval.demo_preset import STARTING_MODELS, demo_preset
+from igpo.eval.evaluation import evaluate
+from igpo.eval.plots import write_plots
+from igpo.eval.policy import OpenAICompletionsServer, hf_server
+from igpo.eval.settings import (
     EvalConfig, EvalInputError, check_resume, config_record, git_commit, write_settings,
 )
-from igpo.eval.tables import summarize, write_tables  # noqa: E402
-from igpo.eval.tools import TopKTools, local_tool_server  # noqa: E402
-from igpo.eval.traces import TraceStore  # noqa: E402
+from igpo.eval.tables import summarize, write_tables
+from igpo.eval.tools import TopKTools, local_tool_server
+from igpo.eval.traces import TraceStore
+from igpo.integration.tool_spend import parse_prices, totals
+
+# The checkout: the --demo preset reads its configs/ and the demo's files under .cache/.
+REPO = Path(__file__).resolve().parents[1]
 
 MAX_PRINTED_PROBLEMS = 50
 OUTPUT_FILES = ("traces.jsonl", "results.md", "results.csv", "accuracy_by_source.png", "turns_hist.png",
@@ -80,7 +81,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     demo_parser = argparse.ArgumentParser(add_help=False)
     demo_parser.add_argument("--demo", choices=sorted(STARTING_MODELS), default=None)
     demo_name = demo_parser.parse_known_args(argv)[0].demo
-    p = argparse.ArgumentParser(prog="scripts/evaluate.py", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m igpo.evaluate", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--demo", choices=sorted(STARTING_MODELS), default=None,
                    help="evaluate as the CPU demo with demo.model=NAME validates: its held-out questions, corpus, "
@@ -111,23 +112,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     tools.add_argument("--corpus", type=Path, help="JSONL corpus: start a local BM25 tool server for this run")
     p.add_argument("--topk", type=int, default=None,
                    help=f"search results per query (default: the recipe's, else {d.top_k})")
-    p.add_argument("--tool-timeout-s", type=float, default=d.tool_timeout_s)
+    p.add_argument("--tool-timeout-s", type=float, default=d.tool_timeout_s,
+                   help=f"seconds a tool call may take before it counts as failed (default {d.tool_timeout_s})")
     p.add_argument("--tool-price", action="append", default=None, metavar="UPSTREAM=USD_PER_1K",
                    help="price of 1,000 upstream calls, by upstream as the tool server's /stats names it (serper, "
                         "jina, summarizer, retriever, local; repeatable): settings.json's tool_spend estimates the cost")
 
     p.add_argument("--max-turns", type=int, default=None, help=f"default: the recipe's, else {d.max_turns}")
-    p.add_argument("--max-tokens-per-turn", type=int, default=d.max_tokens_per_turn)
-    p.add_argument("--max-observation-tokens", type=int, default=d.max_observation_tokens)
+    p.add_argument("--max-tokens-per-turn", type=int, default=d.max_tokens_per_turn,
+                   help=f"tokens the policy may generate in one turn (default {d.max_tokens_per_turn})")
+    p.add_argument("--max-observation-tokens", type=int, default=d.max_observation_tokens,
+                   help=f"a tool result is cut to this many tokens (default {d.max_observation_tokens})")
     p.add_argument("--system-prompt", default=None,
                    help="the agent's system prompt, as the policy was trained with (default: igpo.agent.protocol's); "
                         "the CPU demo's is algorithm.igpo.agent.system_prompt in configs/cpu_demo.yaml")
     p.add_argument("--tool-names", default=None, help="comma-separated tools the agent may call (default: search,visit)")
-    p.add_argument("--prompt-length", type=int, default=d.prompt_length)
-    p.add_argument("--response-length", type=int, default=d.response_length)
+    p.add_argument("--prompt-length", type=int, default=d.prompt_length,
+                   help=f"token budget of the question's prompt (default {d.prompt_length})")
+    p.add_argument("--response-length", type=int, default=d.response_length,
+                   help="token budget of the whole trajectory after the prompt: every turn and tool result "
+                        f"(default {d.response_length})")
     p.add_argument("--temperature", type=float, default=d.temperature,
                    help="0 = greedy (the default; needs --runs 1)")
-    p.add_argument("--top-p", type=float, default=d.top_p)
+    p.add_argument("--top-p", type=float, default=d.top_p, help=f"nucleus sampling's p (default {d.top_p})")
     p.add_argument("--runs", type=int, default=d.runs, metavar="K",
                    help="answers per question (default 1). K > 1 samples (needs --temperature > 0) and adds, per "
                         "score, avg@K (mean over questions of the mean of its K runs) and pass@K (mean over questions "
@@ -313,8 +320,8 @@ def evaluate_args(args: argparse.Namespace) -> int:
             if len(problems) > MAX_PRINTED_PROBLEMS:
                 print(f"  ... and {len(problems) - MAX_PRINTED_PROBLEMS} more", file=sys.stderr)
             if not args.skip_bad:
-                raise EvalInputError("bad rows in the test set; fix them (scripts/prepare_data.py --check shows the "
-                                     "same schema) or pass --skip-bad to evaluate the valid rows only.")
+                raise EvalInputError("bad rows in the test set; fix them (python -m igpo.prepare_data --check shows "
+                                     "the same schema) or pass --skip-bad to evaluate the valid rows only.")
         if not rows:
             raise EvalInputError(f"no row of {args.data} is selected; check --sources and --limit-per-source.")
         tokenizer = load_tokenizer(args.model_path or args.tokenizer)

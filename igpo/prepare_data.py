@@ -1,5 +1,7 @@
 """Convert QA records into verl's RL parquet schema, validate every row, and split; or check an existing parquet.
 
+Run as ``python -m igpo.prepare_data``; ``--help`` explains every flag.
+
 Input: JSONL (one record a line) or a JSON array, in FlashRAG form ``{"id", "question", "golden_answers": [...]}``
 or a similar one (question in ``question``/``query``; answers in ``golden_answers``/``answers``/``answer``/
 ``ground_truth`` as a string or a list of strings; id in ``id``/``_id``/``qid``; an optional per-record
@@ -18,9 +20,9 @@ Every row is validated; problems are reported as ``row N (index): message`` and 
 
 Examples::
 
-    python scripts/prepare_data.py nq_test.jsonl --data-source nq --name train_nq --output-dir data \\
+    python -m igpo.prepare_data nq_test.jsonl --data-source nq --name train_nq --output-dir data \\
         --limit 256 --val-fraction 0 --split-name train --exclude data/qa_test_7src.parquet
-    python scripts/prepare_data.py --check data/qa_test_7src.parquet --allowed-sources nq,tq,popqa
+    python -m igpo.prepare_data --check data/qa_test_7src.parquet --allowed-sources nq,tq,popqa
 """
 
 from __future__ import annotations
@@ -39,10 +41,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from a checkout
-
-from igpo.core.ground_truth import ANSWER_SPLIT, parse_ground_truth  # noqa: E402
-from igpo.eval.data_schema import row_problems  # noqa: E402
+from igpo.core.ground_truth import ANSWER_SPLIT, parse_ground_truth
+from igpo.eval.data_schema import row_problems
 
 ABILITY = "search & question answering"
 QUESTION_FIELDS = ("question", "query")
@@ -293,17 +293,20 @@ def convert(args: argparse.Namespace, allowed_sources: set[str] | None) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m igpo.prepare_data", description=__doc__.split("\n\n")[0])
     parser.add_argument("inputs", nargs="*", type=Path, help="JSONL / JSON files of QA records")
     parser.add_argument("--check", type=Path, help="validate this parquet instead of converting")
     parser.add_argument("--data-source", help="data_source of records that do not carry one")
     parser.add_argument("--allowed-sources", help="comma-separated data_source values; any other is a row error")
-    parser.add_argument("--output-dir", type=Path, default=Path("data"))
+    parser.add_argument("--output-dir", type=Path, default=Path("data"),
+                        help="where the parquet files go (default data)")
     parser.add_argument("--name", help="output file stem: NAME.parquet, or NAME_train/NAME_val.parquet with a split")
     parser.add_argument("--split-name", default="train", help="extra_info.split of the non-validation rows")
-    parser.add_argument("--val-fraction", type=float, default=0.0)
+    parser.add_argument("--val-fraction", type=float, default=0.0,
+                        help="share of rows split off as NAME_val.parquet (extra_info.split val), in [0, 1); "
+                             "default 0: one file")
     parser.add_argument("--limit", type=int, help="keep a random sample of this many rows (after --exclude)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="seed of --limit's sample and of the split (default 0)")
     parser.add_argument("--exclude", type=Path, nargs="*", default=[],
                         help="parquet files whose questions must not appear in the output (e.g. the test set)")
     parser.add_argument("--skip-bad", action="store_true", help="drop bad rows (reported) instead of failing")
