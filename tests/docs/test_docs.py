@@ -1,6 +1,7 @@
 """The documentation holds on a fresh clone: every relative link and every repository path named in README.md and
-docs/**/*.md exists, the README stays a front page, and every command in the README's bash blocks is run by a test
-(or, for a GPU launch, dry-run by one). No subprocess, no import of the package: a few file reads."""
+docs/**/*.md exists, the README stays a front page whose measured figures are each in the report its row links, and
+every command in the README's bash blocks is run by a test (or, for a GPU launch, dry-run by one). No subprocess, no
+import of the package: a few file reads."""
 
 import re
 from pathlib import Path
@@ -86,7 +87,41 @@ def test_every_named_repository_path_exists():
 
 def test_the_readme_is_a_front_page():
     lines = README.read_text().splitlines()
-    assert len(lines) <= 350, f"README.md has {len(lines)} lines; the front page keeps to 350 (move detail to docs/)"
+    assert len(lines) <= 180, (f"README.md has {len(lines)} lines; the front page keeps to 180 (move a comparison's "
+                               "reading to docs/findings.md, other detail to docs/)")
+
+
+FIGURE = re.compile(r"\d{1,3}(?:,\d{3})+|\d+\.\d+")  # 1,566 or 0.031: the figures a reader would quote
+
+
+def results_rows() -> list[tuple[str, list[str]]]:
+    """(figure cell, linked files) of each row of the README's table of measured results."""
+    text = README.read_text()
+    header = re.search(r"^\|([^\n]*)\|\n\|[-|]+\|\n", text, re.M)
+    while header and "figure" not in [c.strip() for c in header.group(1).split("|")]:
+        header = re.compile(r"^\|([^\n]*)\|\n\|[-|]+\|\n", re.M).search(text, header.end())
+    assert header, "README.md has no table with a 'figure' column (the front page's measured results)"
+    column = [c.strip() for c in header.group(1).split("|")].index("figure")
+    rows = []
+    for line in text[header.end():].splitlines():
+        if not line.startswith("|"):
+            break
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        targets = [t.split("#", 1)[0] for t in LINK.findall(line) if not re.match(r"^[a-z]+:", t)]
+        rows.append((cells[column], targets))
+    return rows
+
+
+def test_every_figure_of_the_readme_is_in_the_report_its_row_links():
+    rows = results_rows()
+    assert len(rows) >= 5, rows
+    missing = []
+    for figure, targets in rows:
+        reports = [(REPO / t).read_text() for t in targets if t.startswith("results/") and (REPO / t).is_file()]
+        assert reports, f"README results row {figure!r} links no report in results/"
+        missing += [f"{number} (row {figure!r})" for number in FIGURE.findall(figure)
+                    if not any(number in report for report in reports)]
+    assert not missing, "README figures not in the reports their rows link:\n" + "\n".join(missing)
 
 
 def test_no_machine_paths_in_the_docs():
