@@ -48,7 +48,9 @@ def hop_metrics(turns: TurnBatch, max_hop: int = 4) -> dict[str, float]:
     """Chain progress of the rows whose sample names its chain (``TurnBatch.hop_known``; empty when none does), for
     k = 1..``max_hop``: ``hop/reach<k>``, the share of those trajectories that made k correct hops; and, by the k-th
     tool call of a trajectory, ``hop/call<k>_right`` and ``hop/call<k>_wrong``, the share of trajectories whose k-th
-    call made the chain's next correct hop or did not (their sum: the share that made a k-th call)."""
+    call made the chain's next correct hop or did not (their sum: the share that made a k-th call); and
+    ``hop/chain_complete``, the share that made every hop of their chain (reached the passage naming the answer), where
+    the records carry the chain's length."""
     rows = turns.hop_known
     count = int(rows.sum())
     if not count:
@@ -63,6 +65,8 @@ def hop_metrics(turns: TurnBatch, max_hop: int = 4) -> dict[str, float]:
         out[f"hop/reach{k}"] = float((reached >= k).sum()) / count
         out[f"hop/call{k}_right"] = float((right & (rank == k)).sum()) / count
         out[f"hop/call{k}_wrong"] = float((~right & (rank == k)).sum()) / count
+    if turns.hop_total is not None and bool((turns.hop_total[rows] > 0).all()):
+        out["hop/chain_complete"] = float((reached >= turns.hop_total[rows]).sum()) / count
     return out
 
 

@@ -178,7 +178,8 @@ def fmt(value: float, digits: int = 3, sign: bool = False) -> str:
 
 
 def checks(runs: dict[str, list], baseline: str, gate: str, steps: int, folder: Path,
-           expected_model: str = EXPECTED_MODEL, repeats_in: list[str] | None = None) -> list[str]:
+           expected_model: str = EXPECTED_MODEL, repeats_in: list[str] | None = None,
+           step1_band: tuple[float, float] = (0.05, 0.15)) -> list[str]:
     lines = ["## Checks the plan fixes", ""]
     digests = {model_digest(r) for group in runs.values() for r in group}
     lines.append(f"- Model digest: {', '.join(sorted(str(d) for d in digests))} (expected {expected_model}): "
@@ -188,19 +189,22 @@ def checks(runs: dict[str, list], baseline: str, gate: str, steps: int, folder: 
     if base:
         first = [r.steps.get(1, {}).get(PRIMARY, math.nan) for r in base]
         half = [second_half_mean(r, PRIMARY, steps) for r in base]
-        low_ok = all(v >= 0.031 for v in first) and 0.05 <= statistics.fmean(first) <= 0.15
+        low, high = step1_band
+        low_ok = all(v >= 0.031 for v in first) and low <= statistics.fmean(first) <= high
         lines.append(f"- Calibration, below: {baseline}'s step-1 success per seed {', '.join(fmt(v) for v in first)}"
-                     f" (mean {fmt(statistics.fmean(first))}); bound >= 0.031 at every seed and mean in 0.05-0.15: "
-                     f"**{'met' if low_ok else 'not met'}**.")
+                     f" (mean {fmt(statistics.fmean(first))}); bound >= 0.031 at every seed and mean in "
+                     f"{low:g}-{high:g}: **{'met' if low_ok else 'not met'}**.")
         high_ok = all(v < 0.5 for v in half)
         lines.append(f"- Calibration, above (room): {baseline}'s steps {steps // 2 + 1}-{steps} success per seed "
                      f"{', '.join(fmt(v) for v in half)}; bound < 0.50 at every seed: "
                      f"**{'met' if high_ok else 'not met'}**.")
-    if gate in runs:
-        bad = [(r.seed, s) for r in runs[gate] for s, m in r.steps.items() if s > 0 and "critic/score/mean" in m
+    oracles = [arm for arm in gate.split(",") if arm in runs and arm.startswith("oracle")]
+    if oracles:
+        bad = [(arm, r.seed, s) for arm in oracles for r in runs[arm] for s, m in r.steps.items()
+               if s > 0 and "critic/score/mean" in m
                and not (m.get("oracle/right_hop_turns", 0) > 0 and m.get("oracle/rows_without_chain", 1) == 0)]
         lines.append(f"- The oracle works (`oracle/right_hop_turns` > 0, `oracle/rows_without_chain` = 0 at every "
-                     f"step): **{'yes' if not bad else f'no, at (seed, step) {bad}'}**.")
+                     f"step of {', '.join(oracles)}): **{'yes' if not bad else f'no, at (arm, seed, step) {bad}'}**.")
     keys = ("critic/score/mean", "igpo/turns_mean", "hop/reach1", "hop/reach2", "hop/reach3")
     unpaired = []
     for method, group in runs.items():
@@ -309,8 +313,69 @@ def gate_section(runs: dict[str, list], baseline: str, gate: str, steps: int) ->
     return lines, passed
 
 
-def rows_section(runs: dict[str, list], baseline: str, steps: int) -> list[str]:
-    family = [m for m in FAMILY if m in runs]
+def answer_hop_reach(turns: list[list], steps: int) -> dict[tuple[str, int], float]:
+    """(method, seed) -> the share of its trajectories in steps ``steps // 2 + 1``..``steps`` that made the
+    answer-revealing hop (a turn of kind ``answer_hop``), from the per-turn rows."""
+    made: dict[tuple, set] = {}
+    seen: dict[tuple, set] = {}
+    for row in turns:
+        if row[2] > steps // 2:
+            seen.setdefault((row[0], row[1]), set()).add((row[2], row[3]))
+            if row[6] == "answer_hop":
+                made.setdefault((row[0], row[1]), set()).add((row[2], row[3]))
+    return {key: len(made.get(key, ())) / len(trajectories) for key, trajectories in seen.items()}
+
+
+def gate_family_section(runs: dict[str, list], baseline: str, arms: list[str], steps: int,
+                        turns: list[list]) -> tuple[list[str], bool | None]:
+    """Several gate arms (results/turn_credit2/plan.md): each − ``baseline`` on the primary measure, Holm across the
+    arms; the gate passes when an arm's Holm-adjusted p is below 0.05 with a positive difference. Then the secondary
+    measures the same way: the mean success over all steps (learning speed) and the share of trajectories reaching
+    the answer-revealing hop over the second half."""
+    arms = [a for a in arms if a in runs]
+    if not arms or baseline not in runs:
+        return ["## The gate", "", "No finished runs of the baseline and a gate arm yet.", ""], None
+    reach = answer_hop_reach(turns, steps)
+    measures = {
+        f"`{PRIMARY}` over steps {steps // 2 + 1}-{steps} (primary)": lambda r: second_half_mean(r, PRIMARY, steps),
+        f"`{PRIMARY}` over steps 1-{steps} (learning speed)":
+            lambda r: statistics.fmean(r.steps[s][PRIMARY] for s in range(1, steps + 1) if PRIMARY in r.steps.get(s, {})),
+        f"answer-revealing hop reached, steps {steps // 2 + 1}-{steps}": lambda r: reach.get((r.method, r.seed), math.nan),
+    }
+    lines = [f"## The gate: each of {', '.join(arms)} − {baseline}, Holm across {len(arms)}", ""]
+    passed = None
+    for title, value in measures.items():
+        stats = {}
+        for arm in arms:
+            seeds = sorted({r.seed for r in runs[arm]} & {r.seed for r in runs[baseline]})
+            if len(seeds) < 2:
+                continue
+            mine = [value(next(r for r in runs[arm] if r.seed == s)) for s in seeds]
+            base = [value(next(r for r in runs[baseline] if r.seed == s)) for s in seeds]
+            if not all(math.isfinite(v) for v in mine + base):
+                continue
+            stats[arm] = (seeds, mine, base, *contrast_line(arm, mine, base, 0.05 / len(arms)))
+        lines += [f"### {title}", "", "| arm | seeds | mean (baseline's) | difference [95% t] | interval at α/m | p | "
+                  "Holm p | s_d | detectable |", "|---|---|---|---|---|---|---|---|---|"]
+        adjusted = holm({a: st[4] for a, st in stats.items()}) if stats else {}
+        for arm, (seeds, mine, base, d, p, wide) in stats.items():
+            lines.append(f"| {arm} | {len(seeds)} | {fmt(statistics.fmean(mine))} ({fmt(statistics.fmean(base))}) | "
+                         f"{d.describe()} | [{fmt(wide[0], sign=True)}, {fmt(wide[1], sign=True)}] | {p:.4f} | "
+                         f"{adjusted[arm]:.4f} | {d.sd:.4f} | {detectable_difference(d.sd, d.n):.3f} |")
+        lines.append("")
+        if passed is None and stats:
+            winners = [a for a, st in stats.items() if adjusted[a] < 0.05 and st[3].mean > 0]
+            complete = all(len(st[0]) == 10 for st in stats.values())
+            passed = bool(winners)
+            lines += [f"- **The gate {'passes' if passed else 'does not pass'}** (the plan: an arm's Holm-adjusted p "
+                      f"below 0.05 with a positive difference){': ' + ', '.join(winners) if winners else ''}"
+                      f"{'' if complete else ' — provisional: the gate is read at 10 seeds'}.", ""]
+    return lines, passed
+
+
+def rows_section(runs: dict[str, list], baseline: str, steps: int, family: tuple[str, ...] = FAMILY,
+                 successors: tuple[str, ...] = SUCCESSORS, reference: str = "igpo") -> list[str]:
+    family = [m for m in family if m in runs]
     if not family:
         return []
 
@@ -332,15 +397,15 @@ def rows_section(runs: dict[str, list], baseline: str, steps: int) -> list[str]:
     for method, (seeds, values, d, p, wide) in stats.items():
         lines.append(f"| {method} | {len(seeds)} | {fmt(statistics.fmean(values))} | {d.describe()} | "
                      f"[{fmt(wide[0], sign=True)}, {fmt(wide[1], sign=True)}] | {p:.4f} | {adjusted[method]:.4f} |")
-    successors = [m for m in SUCCESSORS if m in runs and "igpo" in runs]
+    successors = [m for m in successors if m in runs and reference in runs]
     if successors:
-        lines += ["", f"Secondary: each successor − igpo, Holm across {len(successors)}.", "",
-                  "| row | difference vs igpo [95% t] | p | Holm p |", "|---|---|---|---|"]
+        lines += ["", f"Secondary: each successor − {reference}, Holm across {len(successors)}.", "",
+                  f"| row | difference vs {reference} [95% t] | p | Holm p |", "|---|---|---|---|"]
         second = {}
         for method in successors:
-            seeds = sorted({r.seed for r in runs[method]} & {r.seed for r in runs["igpo"]})
+            seeds = sorted({r.seed for r in runs[method]} & {r.seed for r in runs[reference]})
             if len(seeds) >= 2:
-                second[method] = contrast_line(method, primary(method, seeds), primary("igpo", seeds))
+                second[method] = contrast_line(method, primary(method, seeds), primary(reference, seeds))
         adjusted = holm({m: s[1] for m, s in second.items()}) if second else {}
         for method, (d, p, _) in second.items():
             lines.append(f"| {method} | {d.describe()} | {p:.4f} | {adjusted[method]:.4f} |")
@@ -414,7 +479,16 @@ def main() -> None:
                         help="comma-separated sub-folders (default: every one with a runs/ folder, gates first)")
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--baseline", default="grpo")
-    parser.add_argument("--gate", default="oracle")
+    parser.add_argument("--gate", default="oracle",
+                        help="the gate's arm, or several comma-separated (each − the baseline, Holm across them)")
+    parser.add_argument("--family", default=",".join(FAMILY),
+                        help="the rows: each − the baseline, Holm across them (comma-separated)")
+    parser.add_argument("--successors", default=",".join(SUCCESSORS),
+                        help="the rows compared with --reference as well, Holm across them (comma-separated)")
+    parser.add_argument("--reference", default="igpo", help="the rows' second baseline")
+    parser.add_argument("--step1-band", default="0.05,0.15", metavar="LOW,HIGH",
+                        help="the plan's band for the baseline's mean step-1 success (calibration check)")
+    parser.add_argument("--title", default="Turn-level credit on the chain task: the oracle gate and the rows (issue 61)")
     parser.add_argument("--repeats", default=None, metavar="NAMES",
                         help="comma-separated sub-folders holding runs repeated elsewhere, checked against the runs "
                              "used (default: every <name>_check folder)")
@@ -452,7 +526,11 @@ def main() -> None:
                              m.get("hop/reach1"), m.get("hop/reach2"), m.get("hop/reach3")]
                     writer.writerow([method, run.seed, step] + [fmt(c, 4) for c in cells])
 
-    gate_lines, _ = gate_section(runs, args.baseline, args.gate, args.steps)
+    gates = [g.strip() for g in args.gate.split(",") if g.strip()]
+    if len(gates) == 1:
+        gate_lines, _ = gate_section(runs, args.baseline, gates[0], args.steps)
+    else:
+        gate_lines, _ = gate_family_section(runs, args.baseline, gates, args.steps, turns)
     val_lines, after = validation_section(runs, args.baseline)
     with (out / "paired.csv").open("w", newline="") as handle:
         writer = csv.writer(handle)
@@ -476,7 +554,7 @@ def main() -> None:
                       for g in runs.values() for r in g if (r.directory.parent.parent / "commit.txt").is_file()})
     every = [r for group in runs.values() for r in group]
     wall = comparison_wall_s(every)
-    lines = ["# Turn-level credit on the chain task: the oracle gate and the rows (issue 61)", "",
+    lines = [f"# {args.title}", "",
              "Written by `scripts/experiments/summarize_turn_credit.py` on "
              f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} "
              f"from {', '.join(comparisons)} (plan: plan.md; runs' commit: {', '.join(commits) or 'see the plan'}). "
@@ -486,9 +564,13 @@ def main() -> None:
     if notes:
         lines += ["Skipped: " + "; ".join(notes) + ".", ""]
     repeats_in = [c.strip() for c in args.repeats.split(",") if c.strip()] if args.repeats is not None else None
+    band = tuple(float(v) for v in args.step1_band.split(","))
     lines += checks(runs, args.baseline, args.gate, args.steps, args.folder, args.expected_model,
-                    repeats_in) + gate_lines
-    lines += rows_section(runs, args.baseline, args.steps) + val_lines + turn_section(turns)
+                    repeats_in, band) + gate_lines
+    family = tuple(m.strip() for m in args.family.split(",") if m.strip())
+    successors = tuple(m.strip() for m in args.successors.split(",") if m.strip())
+    lines += rows_section(runs, args.baseline, args.steps, family, successors, args.reference) + val_lines
+    lines += turn_section(turns)
     (out / "summary.md").write_text("\n".join(lines))
     print("\n".join(lines))
 

@@ -670,6 +670,12 @@ async def test_hop_right_records_which_calls_made_the_chains_next_correct_hop(ti
     assert (metrics["hop/call1_right"], metrics["hop/call1_wrong"]) == (0.5, 0.5)
     assert (metrics["hop/call2_right"], metrics["hop/call2_wrong"]) == (0.0, 0.5)
     assert (metrics["hop/call4_right"], metrics["hop/call4_wrong"]) == (0.5, 0.0)
+    assert batch.hop_total.tolist() == [3, 3, 0] and metrics["hop/chain_complete"] == 0.0  # neither made hop 3
+    done, *_ = await rollout(tiny_tokenizer, scripted(search("@Talven"), search("@Mora"), search("#Quorvane"), ANSWER),
+                             extra_info=chain, agent={"max_turns": 8})
+    complete = rollout_metrics(TurnBatch.from_records([TurnRecord.from_extra_fields(o.extra_fields)
+                                                       for o in (out, done)], length=4096))
+    assert complete["hop/chain_complete"] == 0.5 and complete["hop/reach3"] == 0.5
     assert not any(key.startswith("hop/") for key in rollout_metrics(TurnBatch.from_records(
         [TurnRecord.from_extra_fields(plain.extra_fields)], length=4096)))
 
