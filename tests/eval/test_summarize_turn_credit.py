@@ -155,3 +155,39 @@ def test_a_comparison_on_another_model_is_summarised_apart(tmp_path, monkeypatch
     monkeypatch.setattr("sys.argv", argv + ["--repeats", ""])
     summary.main()
     assert "repeated in" not in (out / "summary.md").read_text()
+
+
+def test_several_gate_arms_are_tested_together_with_holm(tmp_path, monkeypatch):
+    """results/turn_credit2's gate (several arms, Holm across them), run here on A2's committed runs with the oracle
+    and IGPO as two gate arms: each arm's difference and raw p are the paired t's on the per-seed primaries A2's own
+    summary wrote (paired.csv), and the Holm-adjusted p of the two comes out as Holm's rule computed by hand."""
+    folder = tmp_path / "turn_credit"
+    shutil.copytree(COMMITTED / "A2" / "runs", folder / "A2" / "runs")
+    out = tmp_path / "gate"
+    monkeypatch.setattr("sys.argv", ["summarize_turn_credit.py", "--folder", str(folder), "--comparisons", "A2",
+                                     "--out", str(out), "--expected-model", "ab3e9e6bcc97c34a", "--repeats", "",
+                                     "--gate", "oracle,igpo", "--family", "", "--successors", "",
+                                     "--title", "a gate of two arms"])
+    summary.main()
+    text = (out / "summary.md").read_text()
+    assert text.startswith("# a gate of two arms") and "## The gate: each of oracle, igpo − grpo, Holm across 2" in text
+    primaries: dict[str, dict[int, float]] = {}
+    for line in (COMMITTED / "A2" / "paired.csv").read_text().splitlines()[1:]:
+        method, seed, primary = line.split(",")[:3]
+        primaries.setdefault(method, {})[int(seed)] = float(primary)
+    raw = {}
+    for arm in ("oracle", "igpo"):
+        diffs = [primaries[arm][s] - primaries["grpo"][s] for s in range(10)]
+        mean = sum(diffs) / 10
+        sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / 9)
+        raw[arm] = summary.paired_t_p([primaries[arm][s] for s in range(10)], [primaries["grpo"][s] for s in range(10)])
+        assert f"| {arm} | 10 |" in text and f"{sd:.4f}" in text, (arm, sd, text)
+    low, high = sorted(raw, key=raw.get)
+    holm = {low: min(1.0, 2 * raw[low])}
+    holm[high] = max(holm[low], min(1.0, raw[high]))
+    primary = text.split("(primary)")[1].split("###")[0]
+    for arm in ("oracle", "igpo"):
+        row = next(line for line in primary.splitlines() if line.startswith(f"| {arm} |"))
+        assert f"| {raw[arm]:.4f} | {holm[arm]:.4f} |" in row, (row, raw, holm)
+    assert "**The gate does not pass**" in text
+    assert "(learning speed)" in text and "answer-revealing hop reached" in text
