@@ -221,14 +221,99 @@ def infopo_config_from_algorithm(algorithm: Mapping[str, Any]) -> InfoPOConfig:
                                   norm_adv_by_std=None if norm is None else bool(norm))
 
 
+# The keys of verl's RolloutCorrectionConfig that change the bypass-mode loss (with loss_type=ppo_clip the importance
+# weights are only measured there: the PPO ratio against the rollout already is the correction).
+BYPASS_LOSS_KEYS = ("loss_type", "rollout_rs", "rollout_rs_threshold")
+BYPASS_REINFORCE_KEYS = ("rollout_is", "rollout_is_threshold", "rollout_is_batch_normalize")
+
+
 def check_rollout_correction(config: Any) -> None:
-    """igpo_sync replaces the step that applies verl's rollout correction; refuse it rather than drop it silently."""
+    """verl's rollout correction (``algorithm.rollout_correction``) as our trainer modes apply it
+    (``igpo.integration.rollout_correction``, docs/guide/async.md "Rollout correction"): in decoupled mode
+    (``bypass_mode=false``) at our advantage step, in bypass mode in the actor's ``bypass_mode`` loss. The values go
+    through verl's own function once, on one token, so a bad option or threshold stops the launch, not the first
+    step; a setting the run would drop or misread is refused with the key and the fix."""
     correction = config.algorithm.get("rollout_correction") or {}
+    bypass = bool(correction.get("bypass_mode", False))
     active = [key for key in ("rollout_is", "rollout_rs") if correction.get(key) is not None]
-    if active and not correction.get("bypass_mode", False):
+    named = ", ".join(f"{key}={correction.get(key)!r}" for key in active) or "bypass_mode=true"
+    loss_type = str(correction.get("loss_type", "ppo_clip"))
+    policy_loss = config.actor_rollout_ref.actor.policy_loss
+    loss_mode = str(policy_loss.get("loss_mode", "vanilla"))
+    if loss_type not in ("ppo_clip", "reinforce"):
+        raise ConfigError(f"algorithm.rollout_correction.loss_type={loss_type!r} is not one of verl's ('ppo_clip', "
+                          "'reinforce').")
+    _check_with_verl(correction)
+    if (active or bypass) and not config.actor_rollout_ref.rollout.get("calculate_log_probs", False):
         raise ConfigError(
-            f"algorithm.rollout_correction.{active[0]}={correction.get(active[0])!r}: the igpo_sync trainer computes "
-            "its own advantages and does not apply verl's rollout correction (importance weights / rejection); "
-            f"set algorithm.rollout_correction.{active[0]}=null, or algorithm.rollout_correction.bypass_mode=true with "
-            "actor_rollout_ref.actor.policy_loss.loss_mode=bypass_mode (the correction then happens in the actor's "
-            "loss, as in stock verl).")
+            f"algorithm.rollout_correction.{named} needs the rollout's log-probabilities, and "
+            "actor_rollout_ref.rollout.calculate_log_probs is false (verl would skip the correction without a word); "
+            "set actor_rollout_ref.rollout.calculate_log_probs=true.")
+    if not bypass:
+        if loss_mode == "bypass_mode":
+            raise ConfigError(
+                "actor_rollout_ref.actor.policy_loss.loss_mode=bypass_mode with algorithm.rollout_correction."
+                "bypass_mode=false: verl's bypass loss reads old_log_probs as the rollout's, but in decoupled mode the "
+                "actor recomputes them, so it would correct against the wrong policy. Set algorithm.rollout_correction."
+                "bypass_mode=true (the correction in the loss), or policy_loss.loss_mode=vanilla (decoupled: the "
+                "correction at the advantage step).")
+        if loss_type == "reinforce":
+            raise ConfigError(
+                "algorithm.rollout_correction.loss_type=reinforce with bypass_mode=false: verl reads loss_type only in "
+                "bypass mode, so the run would train PPO-clip; set algorithm.rollout_correction.bypass_mode=true (the "
+                "bypass_pg_* presets) or loss_type=ppo_clip.")
+        return
+    if (active or loss_type == "reinforce") and loss_mode != "bypass_mode":
+        raise ConfigError(
+            f"algorithm.rollout_correction.{named} with bypass_mode=true and actor_rollout_ref.actor.policy_loss."
+            f"loss_mode={loss_mode}: in bypass mode verl applies the correction in its bypass_mode loss, so this loss "
+            "would drop it; set actor_rollout_ref.actor.policy_loss.loss_mode=bypass_mode (bash train_igpo.sh does "
+            "when the loss is vanilla).")
+    if loss_mode == "bypass_mode":
+        # verl's v1 trainer does not hand algorithm.rollout_correction to the actor (its legacy trainer did): the
+        # loss reads the actor's own section, with verl's RolloutCorrectionConfig defaults where it is not set.
+        actors = policy_loss.get("rollout_correction", None) or {}
+        keys = BYPASS_LOSS_KEYS + (BYPASS_REINFORCE_KEYS if loss_type == "reinforce" else ())
+        defaults = _verl_correction_defaults()
+        differ = [key for key in keys if actors.get(key, defaults[key]) != correction.get(key, defaults[key])]
+        if differ:
+            key = differ[0]
+            raise ConfigError(
+                f"algorithm.rollout_correction.{key}={correction.get(key, defaults[key])!r} but the actor's "
+                f"bypass_mode loss reads actor_rollout_ref.actor.policy_loss.rollout_correction.{key}="
+                f"{actors.get(key, defaults[key])!r} (verl's v1 trainer does not copy the section to the actor). Set "
+                "the correction under algorithm.rollout_correction only (bash train_igpo.sh and python -m igpo.main "
+                "copy it to the actor), or both sections alike.")
+
+
+def _verl_correction_defaults() -> dict[str, Any]:
+    """verl's ``RolloutCorrectionConfig()`` as a dict: what a section reads where a key is not set."""
+    # Imported here: this module is read in every process (agent loops, tool clients), verl's config only where a
+    # run is checked.
+    from dataclasses import asdict
+
+    from verl.trainer.config.algorithm import RolloutCorrectionConfig
+
+    return {key: value for key, value in asdict(RolloutCorrectionConfig()).items() if not key.startswith("_")}
+
+
+def _check_with_verl(correction: Mapping[str, Any]) -> None:
+    """verl's ``compute_rollout_correction_and_rejection_mask`` on one token with the section's values (verl parses
+    the thresholds and options there); its ValueError or TypeError becomes a ConfigError."""
+    # Imported here: this module is read in every process (agent loops, tool clients), verl's helper only where a
+    # run is checked.
+    import torch
+    from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_rejection_mask
+
+    token = torch.zeros(1, 1)
+    try:
+        compute_rollout_correction_and_rejection_mask(
+            token, token, torch.ones(1, 1), rollout_is=correction.get("rollout_is", None),
+            rollout_is_threshold=correction.get("rollout_is_threshold", 2.0),
+            rollout_is_batch_normalize=bool(correction.get("rollout_is_batch_normalize", False)),
+            rollout_rs=correction.get("rollout_rs", None),
+            rollout_rs_threshold=correction.get("rollout_rs_threshold", None))
+    except (ValueError, TypeError) as error:
+        settings = ", ".join(f"{key}={correction.get(key)!r}" for key in (
+            "rollout_is", "rollout_is_threshold", "rollout_rs", "rollout_rs_threshold") if key in correction)
+        raise ConfigError(f"algorithm.rollout_correction ({settings}): verl refuses it: {error}") from None

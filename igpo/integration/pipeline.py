@@ -1,14 +1,15 @@
 """One step of the advantage pipeline, without Ray or TransferQueue (the trainer fetches and writes back around it;
 tests call it directly). Every estimator goes this way, verl's own too (``methods.outcome.VerlEstimator``):
 
-    turn records -> TurnBatch -> ARPO tree check -> infra-failure policy -> method.advantage -> rollout metrics
-    -> ARPO attribution
+    turn records -> TurnBatch -> ARPO tree check -> infra-failure policy -> verl's rollout correction (decoupled
+    mode: importance weights and rejection, ``igpo.integration.rollout_correction``) -> method.advantage -> rollout
+    metrics -> ARPO attribution
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +19,7 @@ from igpo.agent.records import TurnBatch, TurnRecord
 from igpo.core.advantage import group_ids, same_outcome_share
 from igpo.core.infra import InfraMask, infra_mask
 from igpo.integration import histograms as hist
+from igpo.integration import rollout_correction as correction_step
 from igpo.integration.branching import arpo_tree_check, hard_attribution
 from igpo.integration.methods.base import Method, StepBatch
 from igpo.integration.rollout_metrics import rollout_metrics
@@ -34,6 +36,12 @@ class StepOutput:
     metrics: dict[str, float]
     turn_values: torch.Tensor | None
     terms: dict[str, torch.Tensor]
+    correction: correction_step.Correction | None = None  # verl's decoupled rollout correction, where it applied
+
+    @property
+    def loss_mask(self) -> torch.Tensor:
+        """[B, L] bool: the tokens that train, after the infra policy and verl's rejection sampling."""
+        return self.correction.response_mask if self.correction is not None else self.infra.loss_mask
 
 
 @dataclass(frozen=True)
@@ -93,19 +101,33 @@ def advantage_step(method: Method, records: Sequence[TurnRecord], uids: Sequence
                    rm_scores: torch.Tensor, *, infra_failure: str = "mask_trajectory", scorer: Any = None,
                    fields: dict | None = None, keys: Sequence[str] = (), step: int = 0, total_steps: int = 0,
                    epoch: int = 0, tree_check: TreeCheck | None = None, arpo_hard: bool = False,
-                   histograms: hist.StepHistograms | None = None) -> StepOutput:
+                   histograms: hist.StepHistograms | None = None,
+                   rollout_correction: Mapping[str, Any] | None = None) -> StepOutput:
     """Advantages and returns [B, L] of one step from the agent loop's ``records``, the prompt ``uids``, the stored
     ``response_mask`` [B, L] and ``rm_scores`` [B, L]; ``fields``: the method's own fields; ``keys``: the rows'
     TransferQueue keys; ``tree_check``: check the stored ARPO tree first; ``histograms``: where the step's turn
-    values, advantages and turn counts are recorded (``trainer.histograms``)."""
+    values, advantages and turn counts are recorded (``trainer.histograms``); ``rollout_correction``: verl's
+    section when its decoupled mode applies (``rollout_correction.decoupled_section``), applied by verl's function
+    to ``fields["old_log_probs"]`` and ``fields["rollout_log_probs"]`` (skipped, as verl skips it, when the rollout
+    stored no log-probabilities); its weights and rejection are in ``StepOutput.correction``."""
     metrics: dict[str, float] = {}
     response_mask = response_mask.bool()
     turns = TurnBatch.from_records(records, response_mask.shape[1])
     if tree_check is not None:
         check_tree(turns, response_mask, list(uids), tree_check, metrics, step)
     infra = apply_infra_policy(turns, response_mask, infra_failure, metrics, step)
+    correction = None
+    fields = dict(fields or {})
+    if rollout_correction is not None and all(name in fields for name in correction_step.LOG_PROB_FIELDS):
+        correction = correction_step.apply(rollout_correction, fields["old_log_probs"], fields["rollout_log_probs"],
+                                           infra.loss_mask)
+        if correction is None:
+            logger.warning("igpo: step %s: no token left after the infra policy; verl's rollout correction is not "
+                           "computed (no rollout_corr/* metrics this step)", step)
+        else:
+            metrics.update(correction.metrics)
     batch = StepBatch(turns, list(uids), group_ids(uids), response_mask, rm_scores.float(), infra,
-                      fields=dict(fields or {}), keys=list(keys), step=step, total_steps=total_steps, epoch=epoch)
+                      fields=fields, keys=list(keys), step=step, total_steps=total_steps, epoch=epoch)
     result = method.advantage(batch, scorer)
     metrics.update(rollout_metrics(turns))
     outcome = batch.rm_scores.sum(-1)
@@ -123,4 +145,4 @@ def advantage_step(method: Method, records: Sequence[TurnRecord], uids: Sequence
             histograms.record(hist.TURN_IG, result.turn_values)
         histograms.record(hist.ADVANTAGE, advantages[infra.loss_mask])
         histograms.record(hist.TURNS, turns.num_turns)
-    return StepOutput(advantages, result.returns, infra, turns, metrics, result.turn_values, result.terms)
+    return StepOutput(advantages, result.returns, infra, turns, metrics, result.turn_values, result.terms, correction)

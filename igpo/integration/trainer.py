@@ -12,9 +12,12 @@ the step itself is the same code:
     fetch the step's trajectories and their turn records (``igpo.agent.records``) from TransferQueue
     -> ARPO's check of the stored tree (``algorithm.arpo.enabled``)
     -> the infra-failure policy (``igpo.core.infra``: which rows and turns leave the signal and the loss)
+    -> verl's rollout correction in its decoupled mode (``igpo.integration.rollout_correction``: importance
+       weights and rejection from the rollout's and the actor's log-probabilities, by verl's function)
     -> ``method.advantage(batch, scorer)``: advantages, returns, metrics
     -> ARPO's attribution (``algorithm.arpo.attribution=hard``)
-    -> advantages, returns (and the masks, when the policy masked) written back
+    -> advantages, returns (and the masks, when the policy masked or verl's correction rejected; the importance
+       weights, when it weighted) written back
 
 An estimator no method claims (``grpo``, ``rloo``, ...) is verl's own step on the outcome reward, as a method of the
 same pipeline (``igpo.integration.methods.outcome``). Around the pipeline: deterministic prompt uids and batch order
@@ -56,7 +59,7 @@ from igpo.config import IGPOConfig, check_rollout_correction
 from igpo.core.infra import InfraMask
 from igpo.core.health import HealthConfig, HealthMonitor
 from igpo.integration import histograms as hist
-from igpo.integration import rollout_failures, trajectory_log
+from igpo.integration import rollout_correction, rollout_failures, trajectory_log
 from igpo.integration.actor_scoring import ActorScorer
 from igpo.integration.checkpoint import CheckpointState
 # The module, not its names: the plugin hook imports this trainer while the estimator module may still be half
@@ -65,7 +68,7 @@ from igpo.integration import estimator as estimators
 from igpo.integration.infra_breaker import InfraBreaker
 from igpo.integration.methods import method_for
 from igpo.integration.node_reach import require_reach_from_every_node
-from igpo.integration.pipeline import TreeCheck, advantage_step, resolve_infra_policy
+from igpo.integration.pipeline import StepOutput, TreeCheck, advantage_step, resolve_infra_policy
 from igpo.integration.run_control import RunControl
 from igpo.integration.tool_spend import ToolSpendConfig
 
@@ -109,6 +112,32 @@ def trajectory_order(key: str) -> tuple:
     return (str(key), -1, -1)
 
 
+def step_fields(out: StepOutput, padded_mask: torch.Tensor, nested_mask) -> dict:
+    """What the advantage step writes back to TransferQueue for the actor's update, nested as ``nested_mask`` (the
+    stored response mask): advantages and returns, the masks when the infra policy masked (``masked_response``), and
+    the mask after rejection and the importance weights when verl's decoupled correction applied
+    (``corrected_response``)."""
+    fields = {"advantages": response_to_nested(out.advantages.float(), nested_mask),
+              "returns": response_to_nested(out.returns.float(), nested_mask)}
+    fields.update(masked_response(out.infra, padded_mask, nested_mask))
+    fields.update(corrected_response(out.correction, padded_mask, nested_mask))
+    return fields
+
+
+def corrected_response(correction: rollout_correction.Correction | None, padded_mask: torch.Tensor,
+                       nested_mask) -> dict:
+    """What verl's decoupled correction writes back, as verl's ``_compute_advantage`` writes it: the mask after
+    rejection as ``response_mask`` (the loss terms read it), the importance weights as ``rollout_is_weights`` (the
+    policy loss multiplies its per-token terms by them). ``loss_mask``, the token-mean's denominator, keeps the
+    rejected tokens, as in verl."""
+    if correction is None:
+        return {}
+    fields = {"response_mask": response_to_nested(correction.response_mask.to(padded_mask.dtype), nested_mask)}
+    if correction.rollout_is_weights is not None:
+        fields["rollout_is_weights"] = response_to_nested(correction.rollout_is_weights.float(), nested_mask)
+    return fields
+
+
 def masked_response(infra: InfraMask, padded_mask: torch.Tensor, nested_mask) -> dict:
     """The masks to write back when the infra policy masked something: the actor's loss terms (policy gradient,
     entropy and KL alike) and verl's metrics read ``response_mask`` from TransferQueue, as after verl's
@@ -131,6 +160,8 @@ class TurnLevelTrainer(RunControl, CheckpointState):
         super().__init__(config)
         self.igpo = IGPOConfig.from_algorithm(config.algorithm)
         check_rollout_correction(config)
+        # verl's decoupled correction, applied at our advantage step (None in bypass mode: the loss applies it)
+        self.decoupled_correction = rollout_correction.decoupled_section(config.algorithm)
         estimator = str(config.algorithm.adv_estimator)
         estimators.check_estimator(estimator, config)
         if config.algorithm.get("use_kl_in_reward", False):
@@ -203,7 +234,9 @@ class TurnLevelTrainer(RunControl, CheckpointState):
         started = time.perf_counter()
         tree_fields = ("responses",) if self.arpo.enabled else ()
         log_fields = ("prompts", "responses") if self.trajectory_dir is not None else ()
-        select = dict.fromkeys([*BASE_FIELDS, *method.fields, *method.response_fields, *tree_fields, *log_fields])
+        correction_fields = rollout_correction.LOG_PROB_FIELDS if self.decoupled_correction is not None else ()
+        select = dict.fromkeys([*BASE_FIELDS, *method.fields, *method.response_fields, *tree_fields, *log_fields,
+                                *correction_fields])
         data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=list(select))
         records = [TurnRecord.from_extra_fields(e) for e in data.pop("extra_fields").tolist()]
         uids = data.pop("uid").tolist()
@@ -219,23 +252,22 @@ class TurnLevelTrainer(RunControl, CheckpointState):
         nested_mask = data["response_mask"]
         padded = data.to_padded_tensor()
         # A response field TransferQueue does not hold (verl's critic values without a critic) is left out.
-        response = {n: padded[n].float() for n in method.response_fields if n in padded.keys()}
+        response = {n: padded[n].float() for n in dict.fromkeys([*method.response_fields, *correction_fields])
+                    if n in padded.keys()}
         steps_per_epoch = int(getattr(self, "steps_per_epoch", 0) or 0)
         out = advantage_step(
             method, records, uids, padded["response_mask"], padded["rm_scores"], infra_failure=self.infra_failure,
             scorer=self._actor_scorer(), fields={**rows, **response}, keys=list(batch.keys),
             step=int(self.global_steps), total_steps=int(self.total_training_steps),
             epoch=self.global_steps // steps_per_epoch if steps_per_epoch else 0, tree_check=tree,
-            arpo_hard=self._arpo_hard, histograms=self.histograms)
+            arpo_hard=self._arpo_hard, histograms=self.histograms, rollout_correction=self.decoupled_correction)
         metrics.update(out.metrics)
         metrics[f"timing_s/{method.name}_advantage"] = time.perf_counter() - started
         if self.trajectory_dir is not None:
-            applied = trajectory_log.Applied(out.advantages, out.infra.loss_mask, out.turns.num_turns, out.terms)
+            applied = trajectory_log.Applied(out.advantages, out.loss_mask, out.turns.num_turns, out.terms)
             trajectory_log.write_step(self.trajectory_dir, int(self.global_steps), uids, ids["prompts"],
                                       ids["responses"], padded["response_mask"], padded["rm_scores"], records, applied)
-        fields = {"advantages": response_to_nested(out.advantages.float(), nested_mask),
-                  "returns": response_to_nested(out.returns.float(), nested_mask)}
-        fields.update(masked_response(out.infra, padded["response_mask"], nested_mask))
+        fields = step_fields(out, padded["response_mask"], nested_mask)
         return tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id,
                                fields=TensorDict(fields, batch_size=len(batch)))
 

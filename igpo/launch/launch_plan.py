@@ -402,34 +402,77 @@ ASYNC_MODES = ("igpo_colocate_async", "igpo_separate_async")
 
 
 def plan_off_policy_correction(config: Any) -> list[str]:
-    """In the asynchronous modes a step trains tokens that older weights sampled. Unless the run configures verl's
+    """verl's rollout correction (``algorithm.rollout_correction``) as the run will apply it; returns notes.
+
+    In the asynchronous modes a step trains tokens that older weights sampled. Unless the run configures verl's
     rollout correction itself, take the PPO ratio against the log-probabilities the rollout sampled with (verl's bypass
     mode: ``rollout_correction.bypass_mode=true`` with ``policy_loss.loss_mode=bypass_mode``, the rollout returning its
     log-probabilities): the clipped ratio then bounds the step from the policy that generated each token. Measured on
     the CPU demo (2026-12-06): ``igpo_separate_async``, whose trajectories are all one version behind, lost the call
     format and ended at validation F1 0.078 and 0.000 (seeds 1, 2) with the ratio against recomputed log-probs, and
-    0.906 at seed 1 with this. Returns notes."""
-    from omegaconf import open_dict
+    0.906 at seed 1 with this.
+
+    In bypass mode (that default, or set by the run) the section is handed to the actor's loss, where verl applies
+    it, as verl's legacy trainer does (``apply_bypass_mode``); verl's v1 trainer does not, and its loss would read
+    verl's defaults. A run that sets ``rollout_is`` / ``rollout_rs`` without bypass mode gets verl's decoupled mode at
+    our advantage step (``igpo.integration.rollout_correction``) in every trainer mode."""
+    from omegaconf import OmegaConf, open_dict
 
     mode = str((config.trainer.get("v1") or {}).get("trainer_mode", ""))
     correction = config.algorithm.get("rollout_correction") or {}
-    configured = correction.get("bypass_mode", False) or any(
-        correction.get(key) is not None for key in ("rollout_is", "rollout_rs"))
-    if mode not in ASYNC_MODES or configured:
-        return []
+    active = [key for key in ("rollout_is", "rollout_rs") if correction.get(key) is not None]
+    configured = correction.get("bypass_mode", False) or bool(active)
     actor = config.actor_rollout_ref.actor
     loss_mode = str(actor.policy_loss.get("loss_mode", "vanilla"))
-    if loss_mode != "vanilla":
-        return [f"{mode}: policy_loss.loss_mode={loss_mode} is kept, and nothing corrects for the tokens older weights "
-                "sampled (no algorithm.rollout_correction); on the CPU demo that lost the call format (docs/guide/"
-                "async.md)"]
-    with open_dict(config):
-        config.algorithm.rollout_correction.bypass_mode = True
-        actor.policy_loss.loss_mode = "bypass_mode"
-        config.actor_rollout_ref.rollout.calculate_log_probs = True
-    return [f"{mode}: the PPO ratio is taken against the rollout's own log-probabilities (verl's rollout correction "
-            "bypass mode), since a step trains tokens sampled by older weights; configure "
-            "algorithm.rollout_correction yourself to choose otherwise"]
+    notes: list[str] = []
+    if mode in ASYNC_MODES and not configured:
+        if loss_mode != "vanilla":
+            return [f"{mode}: policy_loss.loss_mode={loss_mode} is kept, and nothing corrects for the tokens older "
+                    "weights sampled (no algorithm.rollout_correction); on the CPU demo that lost the call format "
+                    "(docs/guide/async.md)"]
+        with open_dict(config):
+            config.algorithm.rollout_correction.bypass_mode = True
+            config.actor_rollout_ref.rollout.calculate_log_probs = True
+        notes.append(f"{mode}: the PPO ratio is taken against the rollout's own log-probabilities (verl's rollout "
+                     "correction bypass mode), since a step trains tokens sampled by older weights; configure "
+                     "algorithm.rollout_correction yourself to choose otherwise")
+    correction = config.algorithm.get("rollout_correction") or {}
+    if correction.get("bypass_mode", False):
+        if loss_mode in ("vanilla", "bypass_mode"):
+            with open_dict(config):
+                actor.policy_loss.loss_mode = "bypass_mode"
+                if actor.policy_loss.get("rollout_correction", None) is None:  # one set by the run is checked
+                    actor.policy_loss.rollout_correction = {
+                        "_target_": "verl.trainer.config.algorithm.RolloutCorrectionConfig",
+                        **OmegaConf.to_container(correction, resolve=True)}
+        if active or str(correction.get("loss_type", "ppo_clip")) == "reinforce":
+            notes.append(f"rollout correction, bypass mode ({describe_correction(correction)}): in the actor's "
+                         "loss, the current policy against the rollout's log-probabilities, every mini-batch")
+    elif active:
+        if mode in ASYNC_MODES:
+            compared = ("the actor's recomputed old log-probabilities against the rollout's, which older weights may "
+                        "have sampled (the correction covers staleness and the engines' gap)")
+        else:
+            compared = ("the actor's recomputed old log-probabilities against the rollout's, both from the same "
+                        "weights (the correction covers the engines' gap)")
+        notes.append(f"rollout correction, decoupled mode ({describe_correction(correction)}): at the advantage "
+                     f"step, {compared}")
+    return notes
+
+
+def describe_correction(correction: Any) -> str:
+    """The active parts of a rollout-correction section in one phrase, e.g. ``rollout_is=token (threshold 2.0),
+    rollout_rs=seq_mean_k1 (threshold 0.5_2.0), loss_type=ppo_clip``."""
+    parts = []
+    if correction.get("rollout_is") is not None:
+        normalised = ", batch-normalised" if correction.get("rollout_is_batch_normalize", False) else ""
+        parts.append(f"rollout_is={correction.get('rollout_is')} (threshold "
+                     f"{correction.get('rollout_is_threshold', 2.0)}{normalised})")
+    if correction.get("rollout_rs") is not None:
+        parts.append(f"rollout_rs={correction.get('rollout_rs')} (threshold {correction.get('rollout_rs_threshold')})")
+    if correction.get("bypass_mode", False):
+        parts.append(f"loss_type={correction.get('loss_type', 'ppo_clip')}")
+    return ", ".join(parts)
 
 
 def check_trainer_mode(config: Any, estimator: str, trainer_mode: str) -> None:

@@ -15,6 +15,7 @@ from igpo.integration.branching import hard_attribution
 from igpo.integration.methods import method_for
 from igpo.integration.methods.outcome import VerlEstimator
 from igpo.integration.pipeline import TreeCheck, advantage_step
+from igpo.integration.rollout_correction import decoupled_section
 from igpo.integration.rollout_metrics import rollout_metrics
 
 UIDS = ["a", "a", "a", "b", "b", "b"]
@@ -80,15 +81,35 @@ def test_hard_attribution_rewrites_verls_advantages_on_the_shared_prefix():
 
 
 def test_verls_rollout_correction_measures_where_verl_would():
+    """The pipeline applies verl's decoupled correction for every method (tests/integration/test_rollout_correction.py);
+    with neither rollout_is nor rollout_rs it only measures, as verl does, and in bypass mode it does nothing here."""
     records, mask, scores = batch()
     old = torch.full(mask.shape, -1.0)
     fields = {"old_log_probs": old, "rollout_log_probs": old - 0.1}
     correction = {"rollout_is": None, "rollout_rs": None, "bypass_mode": False}
-    measured = advantage_step(grpo(rollout_correction=correction), records, UIDS, mask, scores, infra_failure="keep",
-                              keys=KEYS, fields=fields)
+    measuring = grpo(rollout_correction=correction)
+    measured = advantage_step(measuring, records, UIDS, mask, scores, infra_failure="keep", keys=KEYS, fields=fields,
+                              rollout_correction=decoupled_section(measuring.config.algorithm))
     assert any(name.startswith("rollout_corr/") for name in measured.metrics)
+    assert torch.equal(measured.correction.response_mask, mask) and measured.correction.rollout_is_weights is None
     bypass = OmegaConf.to_container(OmegaConf.create({**correction, "bypass_mode": True}))
-    skipped = advantage_step(grpo(rollout_correction=bypass), records, UIDS, mask, scores, infra_failure="keep",
-                             keys=KEYS, fields=fields)
-    assert not any(name.startswith("rollout_corr/") for name in skipped.metrics)
+    skipping = grpo(rollout_correction=bypass)
+    skipped = advantage_step(skipping, records, UIDS, mask, scores, infra_failure="keep", keys=KEYS, fields=fields,
+                             rollout_correction=decoupled_section(skipping.config.algorithm))
+    assert not any(name.startswith("rollout_corr/") for name in skipped.metrics) and skipped.correction is None
     assert torch.equal(measured.advantages, skipped.advantages)
+
+
+def test_verls_estimator_sees_the_rejection_as_in_verls_step():
+    """A rejected sequence's tokens get no advantage from verl's estimator (verl's step rejects before it estimates),
+    and its loss mask is empty."""
+    records, mask, scores = batch()
+    old = torch.full(mask.shape, -1.0)
+    old_2 = old.clone()
+    old_2[2] = -3.0  # trajectory 2: the actor finds it e^-2 times as likely per token as the rollout did
+    fields = {"old_log_probs": old_2, "rollout_log_probs": old}
+    method = grpo(rollout_correction={"rollout_rs": "seq_mean_k1", "rollout_rs_threshold": "0.5_2.0"})
+    out = advantage_step(method, records, UIDS, mask, scores, infra_failure="keep", keys=KEYS, fields=fields,
+                         rollout_correction=decoupled_section(method.config.algorithm))
+    assert not out.loss_mask[2].any() and out.advantages[2].abs().max() == 0
+    assert torch.equal(out.loss_mask[[0, 1, 3, 4, 5]], mask[[0, 1, 3, 4, 5]])

@@ -149,7 +149,15 @@ def test_one_gpu_preset(qwen3_4b):
      "arpo.enabled=true needs trainer.v1.trainer_mode=igpo_sync"),
     (["algorithm.arpo.enabled=true", "trainer.v1.trainer_mode=igpo_colocate_async"],
      "branching under paused and resumed generation"),
-    (["algorithm.rollout_correction.rollout_is=token"], "does not apply verl's rollout correction"),
+    (["algorithm.rollout_correction.rollout_rs=seq_max_k1", "algorithm.rollout_correction.rollout_rs_threshold=2"],
+     "verl refuses it: Invalid rollout_rs option: seq_max_k1"),
+    (["algorithm.rollout_correction.rollout_is=token", "actor_rollout_ref.rollout.calculate_log_probs=false"],
+     "set actor_rollout_ref.rollout.calculate_log_probs=true"),
+    (["algorithm.rollout_correction.loss_type=reinforce"], "verl reads loss_type only in bypass mode"),
+    (["actor_rollout_ref.actor.policy_loss.loss_mode=bypass_mode"], "it would correct against the wrong policy"),
+    (["algorithm.rollout_correction.bypass_mode=true", "algorithm.rollout_correction.rollout_rs=token_k3",
+      "algorithm.rollout_correction.rollout_rs_threshold=0.1", "actor_rollout_ref.actor.policy_loss.loss_mode=gspo"],
+     "set actor_rollout_ref.actor.policy_loss.loss_mode=bypass_mode"),
     (["igpo_launch.sequence_parallel=2", "igpo_launch.tokens_per_gpu=16384"], "does not fit"),
 ])
 def test_layouts_that_cannot_work_name_the_key_and_the_fix(qwen3_4b, overrides, message):
