@@ -371,10 +371,15 @@ def check_arpo(config: Any, igpo: Any):
         raise ConfigError("algorithm.arpo.enabled=true needs trainer.use_v1=true: verl's v1 agent-loop worker runs "
                           "all rollout.n sessions of a prompt together, which is how branches reach their siblings.")
     trainer_mode = str((config.trainer.get("v1") or {}).get("trainer_mode", ""))
+    if trainer_mode in ASYNC_MODES:
+        raise ConfigError(
+            f"algorithm.arpo.enabled=true with trainer.v1.trainer_mode={trainer_mode}: ARPO measures the entropy after "
+            "each tool result with a prompt_logprobs request, and verl's asynchronous rollout client "
+            "(FullyAsyncLLMServerClient) returns no prompt_logprobs (on the CPU demo every session of the first step "
+            "failed so, results/async/2026-12-07-rollout-correction.md); use trainer.v1.trainer_mode=igpo_sync.")
     if trainer_mode != "igpo_sync":
         raise ConfigError(f"algorithm.arpo.enabled=true needs trainer.v1.trainer_mode=igpo_sync (got {trainer_mode!r}):"
-                          " the branch metrics and hard attribution live there, and branching under paused and "
-                          "resumed generation (the asynchronous modes) has not been checked.")
+                          " the branch metrics and hard attribution live there.")
     agent = config.actor_rollout_ref.rollout.agent
     loop_name = str(agent.get("default_agent_loop"))
     if loop_name == "igpo_agent":

@@ -148,7 +148,7 @@ def test_one_gpu_preset(qwen3_4b):
     (["algorithm.adv_estimator=grpo", "algorithm.arpo.enabled=true", "trainer.v1.trainer_mode=colocate_async"],
      "arpo.enabled=true needs trainer.v1.trainer_mode=igpo_sync"),
     (["algorithm.arpo.enabled=true", "trainer.v1.trainer_mode=igpo_colocate_async"],
-     "branching under paused and resumed generation"),
+     "verl's asynchronous rollout client \\(FullyAsyncLLMServerClient\\) returns no prompt_logprobs"),
     (["algorithm.rollout_correction.rollout_rs=seq_max_k1", "algorithm.rollout_correction.rollout_rs_threshold=2"],
      "verl refuses it: Invalid rollout_rs option: seq_max_k1"),
     (["algorithm.rollout_correction.rollout_is=token", "actor_rollout_ref.rollout.calculate_log_probs=false"],
