@@ -162,7 +162,9 @@ def test_several_gate_arms_are_tested_together_with_holm(tmp_path, monkeypatch):
     and IGPO as two gate arms: each arm's difference and raw p are the paired t's on the per-seed primaries A2's own
     summary wrote (paired.csv), and the Holm-adjusted p of the two comes out as Holm's rule computed by hand."""
     folder = tmp_path / "turn_credit"
-    shutil.copytree(COMMITTED / "A2" / "runs", folder / "A2" / "runs")
+    for arm in ("grpo", "oracle", "igpo"):  # the three arms read, not A2's other three
+        for run in (COMMITTED / "A2" / "runs").glob(f"{arm}-s*"):
+            shutil.copytree(run, folder / "A2" / "runs" / run.name)
     out = tmp_path / "gate"
     monkeypatch.setattr("sys.argv", ["summarize_turn_credit.py", "--folder", str(folder), "--comparisons", "A2",
                                      "--out", str(out), "--expected-model", "ab3e9e6bcc97c34a", "--repeats", "",
