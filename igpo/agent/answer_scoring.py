@@ -9,6 +9,13 @@ P(gt), one request per gold-alias probe:
 as a background request that overlaps the next generation and tool call. A request that would not fit
 ``rollout.max_model_len`` is not sent; a boundary whose request fails is left unscored and counted; a server that
 cannot answer scoring requests at all stops the run (``RolloutScoringUnavailable``).
+
+Each request goes through ``igpo.agent.scoring_request`` (shared with ARPO's entropy): in the asynchronous trainer
+modes it bypasses the resume loop of verl's ``FullyAsyncLLMServerClient``, which drops ``prompt_logprobs``, and a
+request aborted by a weight-sync pause is sent again after it, so that boundary is scored by the weights loaded
+during the pause. A boundary is always scored by one weight version, but the boundaries of one trajectory may be
+scored by different versions (the trajectory itself spans them; ``TurnRecord.turn_versions``). A request aborted
+for longer than ``scoring_request.RESEND_FOR_S`` leaves its boundary unscored and counted.
 """
 
 from __future__ import annotations
@@ -22,14 +29,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from igpo.agent.records import TurnRecord
+from igpo.agent.scoring_request import PromptLogprobsMissing, request_prompt_logprobs
 from igpo.core.ground_truth import Probe
 from igpo.core.info_gain import InfoGainConfig, scored_boundaries
 
 logger = logging.getLogger(__name__)
 logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "WARN"))
-
-
-SCORING_PARAMS = {"max_tokens": 1, "prompt_logprobs": 0, "temperature": 1.0}
 
 
 class RolloutScoringUnavailable(RuntimeError):
@@ -95,22 +100,17 @@ class AnswerScoring:
         G. ``context`` is the trajectory's live, append-only token list."""
 
         async def one(probe: Probe) -> float:
-            out = await self.server_manager.generate(
-                request_id=self.request_id, prompt_ids=PrefixPlusProbe(context, boundary, probe.token_ids),
-                sampling_params=dict(SCORING_PARAMS),
-            )
-            fields_ = out.extra_fields or {}
-            rows = fields_.get("prompt_logprobs")
-            if rows is None and out.stop_reason in ("aborted", "abort"):
-                raise RuntimeError("the scoring request was aborted by the server")  # one boundary, counted
-            if rows is None:
+            try:
+                answer = await request_prompt_logprobs(
+                    self.server_manager, self.request_id, PrefixPlusProbe(context, boundary, probe.token_ids), 0)
+            except PromptLogprobsMissing as error:
                 raise RolloutScoringUnavailable(
-                    "algorithm.igpo.score_on=rollout: the rollout server answered a scoring request (prompt_logprobs"
-                    f"=0) without 'prompt_logprobs' in extra_fields (keys: {sorted(fields_)}), so no boundary's "
-                    "information gain can be computed. verl's FullyAsyncLLMServerClient (the asynchronous trainer "
-                    "modes) rebuilds the server's output and drops that field. Use algorithm.igpo.score_on=actor, "
-                    "or the synchronous trainer mode trainer.v1.trainer_mode=igpo_sync."
-                )
+                    f"algorithm.igpo.score_on=rollout: {error}, so no boundary's information gain can be computed. "
+                    "Use a server that returns them (vLLM, or the CPU hf rollout), or algorithm.igpo.score_on=actor."
+                ) from None
+            if answer is None:  # aborted by pauses for longer than scoring_request.RESEND_FOR_S
+                raise RuntimeError("the scoring request was aborted by weight-sync pauses and given up")  # counted
+            rows = answer.prompt_logprobs
             start, end = probe.span
             # rows[i] holds log p(token_{i+1} | tokens_<=i): probe token k sits at boundary + k.
             values = [_first(rows[boundary + k - 1]) for k in range(start, end)]

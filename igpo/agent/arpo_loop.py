@@ -28,7 +28,12 @@ Entropy source. verl's vLLM server returns only the sampled token's log-prob for
 distributions come from one extra request per measured turn: ``prompt_logprobs=K`` over the context up to the tool
 result plus the turn's first k tokens (vLLM through verl's server, and ``igpo/cpu/hf_rollout.py``, answer it; on vLLM
 it is a prefill without prefix cache). Only prompts with free slots are measured. Requests that would not fit
-``rollout.max_model_len`` are skipped and counted (``arpo_unmeasured``); such a turn cannot branch.
+``rollout.max_model_len`` are skipped and counted (``arpo_unmeasured``); such a turn cannot branch. The request goes
+through ``igpo.agent.scoring_request`` in every trainer mode: in the asynchronous ones it bypasses the resume loop of
+verl's ``FullyAsyncLLMServerClient`` (which drops ``prompt_logprobs``), and one aborted by a weight-sync pause is sent
+again after the pause, so that turn's entropy is measured by the weights loaded during the pause (one version per
+measurement; the turn itself was sampled by the previous one). One still aborted after
+``scoring_request.RESEND_FOR_S`` is counted in ``arpo_unmeasured``.
 
 Every output's ``extra_fields`` gets its ``BranchRecord`` (``igpo.agent.records``): its tree index (= session id), its
 parent, its branch position (response tokens shared with the parent), whether it is a top-up, its H_init, the ΔH of
@@ -55,6 +60,7 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
 from igpo.agent.agent_loop import IGPOAgentLoop, batch_key, is_context_overflow, NoLimit, shared_tool_client
 from igpo.agent.agent_config import arpo_config_from
 from igpo.agent.records import BranchRecord
+from igpo.agent.scoring_request import PromptLogprobsMissing, request_prompt_logprobs, single_request
 from igpo.core import arpo as core
 
 logger = logging.getLogger(__name__)
@@ -158,15 +164,16 @@ def _resolve(future: asyncio.Future) -> None:
 
 class _TapedServer:
     """The rollout server as one trajectory sees it: replays its tape, then records; parks at each new live turn.
-    Scoring requests (``prompt_logprobs``) are not part of the trajectory and pass through."""
+    Scoring requests (``prompt_logprobs``) are not part of the trajectory and pass through, by the single-request path
+    that keeps their prompt log-probs (``igpo.agent.scoring_request``)."""
 
     def __init__(self, real: Any, member: _Member):
         self._real, self._member = real, member
 
     async def generate(self, request_id: str, *, prompt_ids: Any, sampling_params: dict[str, Any], **kwargs: Any):
         if sampling_params.get("prompt_logprobs") is not None:
-            return await self._real.generate(request_id=request_id, prompt_ids=prompt_ids,
-                                             sampling_params=sampling_params, **kwargs)
+            return await single_request(self._real)(request_id=request_id, prompt_ids=prompt_ids,
+                                                    sampling_params=sampling_params, **kwargs)
         member, n = self._member, len(prompt_ids)
         event = member.next_event("gen", n)
         if event is not None:
@@ -364,19 +371,18 @@ class PromptTree:
         if limit is not None and len(prompt_ids) >= limit:
             return None
         try:
-            out = await self.server.generate(request_id=m.request_id, prompt_ids=prompt_ids, sampling_params={
-                "max_tokens": 1, "prompt_logprobs": self.cfg.top_k, "temperature": 1.0})
+            answer = await request_prompt_logprobs(self.server, m.request_id, prompt_ids, self.cfg.top_k)
+        except PromptLogprobsMissing as error:
+            raise ARPOSetupError(
+                f"arpo: {error}; ARPO reads the top-K log-probs after each tool result from it. Use a server that "
+                "returns them (vLLM, or the CPU hf rollout), or set algorithm.arpo.enabled=false.") from None
         except Exception as error:  # noqa: BLE001 - only a context the engine refuses is survivable
             if is_context_overflow(error):
                 return None
             raise
-        rows = (out.extra_fields or {}).get("prompt_logprobs")
-        if rows is None:
-            raise ARPOSetupError(
-                "arpo: the rollout server answered a prompt_logprobs request without 'prompt_logprobs' in "
-                f"extra_fields (keys: {sorted(out.extra_fields or {})}); ARPO reads the top-K log-probs after each "
-                "tool result from it. Use a server that returns them (vLLM or the CPU hf rollout through "
-                "trainer.v1.trainer_mode=igpo_sync), or set algorithm.arpo.enabled=false.")
+        if answer is None:
+            return None  # aborted by pauses for longer than scoring_request.RESEND_FOR_S: counted as unmeasured
+        rows = answer.prompt_logprobs
         window = rows[boundary - 1: boundary - 1 + n]
         if len(window) != n or any(not isinstance(r, (list, tuple)) or len(r) < 2 for r in window):
             shapes = [len(r) if isinstance(r, (list, tuple)) else r for r in window[:3]]

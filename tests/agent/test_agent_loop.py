@@ -575,7 +575,8 @@ async def test_scoring_request_past_max_model_len_is_not_sent(tiny_tokenizer):
 
 
 class WithoutPromptLogprobs(FakeServer):
-    """Like verl's FullyAsyncLLMServerClient: the output is rebuilt and only the weight-version fields survive."""
+    """A server that answers scoring requests without prompt log-probs (verl's fully asynchronous client did, before
+    scoring requests took the single-request path: tests/agent/test_scoring_request.py)."""
 
     async def generate(self, request_id, *, prompt_ids, sampling_params, **kwargs):
         out = await super().generate(request_id, prompt_ids=prompt_ids, sampling_params=sampling_params)
@@ -584,22 +585,30 @@ class WithoutPromptLogprobs(FakeServer):
 
 
 async def test_server_without_prompt_logprobs_stops_the_run_with_the_fix(tiny_tokenizer):
-    with pytest.raises(RolloutScoringUnavailable, match="score_on=actor.*igpo_sync"):
+    with pytest.raises(RolloutScoringUnavailable, match="without 'prompt_logprobs'.*score_on=actor"):
         await rollout(tiny_tokenizer, scripted(search("q"), ANSWER), server_cls=WithoutPromptLogprobs,
                       igpo={"score_on": "rollout"})
 
 
-async def test_aborted_scoring_request_is_an_ordinary_scoring_error(tiny_tokenizer):
+async def test_aborted_scoring_request_is_resent_then_given_up_as_an_ordinary_scoring_error(tiny_tokenizer,
+                                                                                            monkeypatch):
+    from igpo.agent import scoring_request
+
+    monkeypatch.setattr(scoring_request, "RESEND_WAIT_S", 0.001)
+    monkeypatch.setattr(scoring_request, "RESEND_FOR_S", 0.01)
+
     class Aborting(FakeServer):
         async def generate(self, request_id, *, prompt_ids, sampling_params, **kwargs):
             if sampling_params.get("prompt_logprobs") is not None:
+                self.scoring.append(list(prompt_ids))
                 return TokenOutput(token_ids=[], log_probs=None, stop_reason="aborted", extra_fields={})
             return await super().generate(request_id, prompt_ids=prompt_ids, sampling_params=sampling_params)
 
-    out, _, _, _ = await rollout(tiny_tokenizer, scripted(visit("http://x"), ANSWER), server_cls=Aborting,
-                                 igpo={"score_on": "rollout"})
+    out, server, _, _ = await rollout(tiny_tokenizer, scripted(visit("http://x"), ANSWER), server_cls=Aborting,
+                                      igpo={"score_on": "rollout"})
     ex = out.extra_fields
     assert ex["igpo_scoring_errors"] == 2 and ex["igpo_answer_logprobs"] == [None, None]
+    assert len(server.scoring) > 2  # resent while aborted, then given up
 
 
 def test_rollout_metrics_report_scoring_errors_and_context_overflows():
