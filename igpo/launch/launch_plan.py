@@ -335,8 +335,9 @@ def check_algorithm(config: Any):
         if trainer_mode != "igpo_sync":
             raise ConfigError(
                 f"algorithm.igpo.score_on=rollout needs trainer.v1.trainer_mode=igpo_sync (got {trainer_mode!r}): "
-                "verl's asynchronous rollout client drops prompt_logprobs, so the information gain would be lost, "
-                "and a resumed trajectory's boundaries would be scored by different weight versions. Use "
+                "a resumed trajectory's boundaries would be scored by different weight versions, and rollout-side "
+                "scoring has not run in an asynchronous mode (its requests keep their prompt_logprobs past verl's "
+                "asynchronous client since igpo.agent.scoring_request, shown without Ray only). Use "
                 "algorithm.igpo.score_on=actor, which scores every boundary with the weights that train the step.")
         temperature = float(config.actor_rollout_ref.rollout.temperature)
         if temperature != 1.0:
@@ -371,15 +372,11 @@ def check_arpo(config: Any, igpo: Any):
         raise ConfigError("algorithm.arpo.enabled=true needs trainer.use_v1=true: verl's v1 agent-loop worker runs "
                           "all rollout.n sessions of a prompt together, which is how branches reach their siblings.")
     trainer_mode = str((config.trainer.get("v1") or {}).get("trainer_mode", ""))
-    if trainer_mode in ASYNC_MODES:
-        raise ConfigError(
-            f"algorithm.arpo.enabled=true with trainer.v1.trainer_mode={trainer_mode}: ARPO measures the entropy after "
-            "each tool result with a prompt_logprobs request, and verl's asynchronous rollout client "
-            "(FullyAsyncLLMServerClient) returns no prompt_logprobs (on the CPU demo every session of the first step "
-            "failed so, results/async/2026-12-07-rollout-correction.md); use trainer.v1.trainer_mode=igpo_sync.")
-    if trainer_mode != "igpo_sync":
-        raise ConfigError(f"algorithm.arpo.enabled=true needs trainer.v1.trainer_mode=igpo_sync (got {trainer_mode!r}):"
-                          " the branch metrics and hard attribution live there.")
+    if trainer_mode not in TURN_LEVEL_MODES.values():
+        raise ConfigError(f"algorithm.arpo.enabled=true needs one of our trainer modes "
+                          f"{sorted(TURN_LEVEL_MODES.values())} (got trainer.v1.trainer_mode={trainer_mode!r}): the "
+                          "branch metrics, the tree check and hard attribution live there. Set trainer.v1.trainer_mode="
+                          f"{TURN_LEVEL_MODES.get(trainer_mode, 'igpo_sync')}.")
     agent = config.actor_rollout_ref.rollout.agent
     loop_name = str(agent.get("default_agent_loop"))
     if loop_name == "igpo_agent":

@@ -133,22 +133,20 @@ def test_one_gpu_preset(qwen3_4b):
     (["actor_rollout_ref.actor.strategy=fsdp"], "set actor_rollout_ref.actor.strategy=fsdp2"),
     (["algorithm.igpo.score_on=rollout", "actor_rollout_ref.rollout.temperature=0.7"], "temperature=0.7"),
     (["algorithm.adv_estimator=grpo", "algorithm.igpo.score_on=rollout", "trainer.v1.trainer_mode=separate_async"],
-     "drops prompt_logprobs"),
+     "has not run in an asynchronous mode"),
     (["trainer.v1.trainer_mode=separate_async"], "Set trainer.v1.trainer_mode=igpo_separate_async"),
     (["algorithm.adv_estimator=gigpo", "trainer.v1.trainer_mode=separate_async"], "gigpo needs one of our"),
     (["trainer.v1.trainer_mode=igpo_separate_async"], "set actor_rollout_ref.rollout.nnodes=<nodes>"),
-    (["algorithm.igpo.score_on=rollout", "trainer.v1.trainer_mode=igpo_separate_async"], "drops prompt_logprobs"),
+    (["algorithm.igpo.score_on=rollout", "trainer.v1.trainer_mode=igpo_separate_async"], "has not run in an asynchronous mode"),
     (["trainer.v1.trainer_mode=colocate_async"], "Set trainer.v1.trainer_mode=igpo_colocate_async"),
     (["trainer.v1.trainer_mode=sync"], "outcome-only rewards"),
     (["algorithm.adv_estimator=grpo_info_gain", "trainer.v1.trainer_mode=colocate_async"], "grpo_info_gain needs"),
     (["algorithm.adv_estimator=infopo", "trainer.v1.trainer_mode=colocate_async"], "infopo needs one of our"),
     (["algorithm.adv_estimator=gigpo", "trainer.v1.trainer_mode=sync"], "gigpo needs one of our trainer modes"),
-    (["algorithm.igpo.score_on=rollout", "trainer.v1.trainer_mode=igpo_colocate_async"], "drops prompt_logprobs"),
+    (["algorithm.igpo.score_on=rollout", "trainer.v1.trainer_mode=igpo_colocate_async"], "has not run in an asynchronous mode"),
     (["trainer.use_v1=false"], "legacy trainer never computes the turn-level signal"),
     (["algorithm.adv_estimator=grpo", "algorithm.arpo.enabled=true", "trainer.v1.trainer_mode=colocate_async"],
-     "arpo.enabled=true needs trainer.v1.trainer_mode=igpo_sync"),
-    (["algorithm.arpo.enabled=true", "trainer.v1.trainer_mode=igpo_colocate_async"],
-     "verl's asynchronous rollout client \\(FullyAsyncLLMServerClient\\) returns no prompt_logprobs"),
+     "arpo.enabled=true needs one of our trainer modes"),
     (["algorithm.rollout_correction.rollout_rs=seq_max_k1", "algorithm.rollout_correction.rollout_rs_threshold=2"],
      "verl refuses it: Invalid rollout_rs option: seq_max_k1"),
     (["algorithm.rollout_correction.rollout_is=token", "actor_rollout_ref.rollout.calculate_log_probs=false"],
@@ -243,6 +241,16 @@ def test_dry_run_plans_the_asynchronous_mode(qwen3_4b, capsys):
 
 
 SEPARATE = "trainer.v1.trainer_mode=igpo_separate_async"
+
+
+@pytest.mark.parametrize("mode", ["igpo_colocate_async", "igpo_separate_async"])
+def test_arpo_plans_in_the_asynchronous_modes(qwen3_4b, mode):
+    """ARPO's scoring requests keep their prompt log-probs through verl's fully asynchronous client
+    (igpo.agent.scoring_request); both asynchronous modes ran it (results/async/2026-12-07-arpo-async.md)."""
+    config, plan = _plan(qwen3_4b, "algorithm.arpo.enabled=true", "actor_rollout_ref.rollout.n=3",
+                         f"trainer.v1.trainer_mode={mode}", config_name="cpu_demo")
+    assert config.actor_rollout_ref.rollout.agent.default_agent_loop == "arpo_agent"
+    assert any(note.startswith("ARPO branching (agent loop arpo_agent): M=3") for note in plan.notes), plan.notes
 
 
 @pytest.mark.parametrize("estimator", ["igpo", "infopo", "gigpo"])
