@@ -100,7 +100,9 @@ def main() -> None:
                         help="samples per held-out question at validation (verl's val_kwargs.n; the figure is avg@N)")
     parser.add_argument("--val-temperature", type=float, default=0.0,
                         help="validation temperature (0: greedy, verl's default; 1.0: the policy as it samples)")
-    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per run before it is killed")
+    parser.add_argument("--timeout", type=float, default=7200.0,
+                        help="seconds per run before it is killed (a 12-step chain run takes ~15 min on two quiet "
+                             "cores and over 30 min beside other work; a run killed after its last step is lost)")
     parser.add_argument("--jobs", type=int, default=1, choices=(1, 2),
                         help="runs at a time: 2 overlaps one run's start-up and serial Python with the other's work "
                              "(each run's torch work is single-threaded on the CPU demo)")
