@@ -9,7 +9,9 @@ import asyncio
 from types import SimpleNamespace
 
 import pytest
+import ray
 from omegaconf import OmegaConf
+from ray._private import auto_init_hook
 from verl.workers.rollout.llm_server import FullyAsyncLLMServerClient
 from verl.workers.rollout.replica import TokenOutput
 
@@ -19,6 +21,17 @@ from igpo.agent.arpo_loop import ARPOSetupError
 from igpo.agent.scoring_request import request_prompt_logprobs, single_request
 from test_agent_loop import ANSWER as IGPO_ANSWER, FakeServer, rollout, scripted, search, visit
 from test_arpo_loop import TreeServer, Tools, config, meta, run_prompt
+
+
+@pytest.fixture(autouse=True)
+def no_ray(monkeypatch):
+    """A session that raises is recorded in the trainer's TransferQueue (``igpo.agent.failures.record``), whose client
+    would start a whole local Ray runtime on first use and leave it running for the worker's later tests (one that then
+    starts its own cluster fails). Here there is no trainer: Ray's automatic start is off, the record is not made (the
+    function logs and goes on, as when the store is gone), and no Ray runtime may be left behind."""
+    monkeypatch.setattr(auto_init_hook, "enable_auto_connect", False)
+    yield
+    assert not ray.is_initialized()
 
 
 class FullyAsyncClient(FullyAsyncLLMServerClient):
