@@ -524,8 +524,8 @@ def _state_grouped(K, g, num_groups, r, is_f, is_i, pen, w, anchor, cfg: Advanta
     weights = w if w is not None else np.ones(n)
     # The episode term: the outcome's group z-score, the same on every boundary of its row (GiGPO's A^E).
     z = np.zeros(n)
-    _pooled_z(r, is_f, weights if w is not None else _NO_VALUES, K, g, 0, num_groups, cfg.norm_adv_by_std,
-              cfg.epsilon, z, cfg.std_ddof)
+    _pooled_z(r, is_f, w if w is not None else _NO_VALUES, K, g, 0, num_groups, cfg.norm_adv_by_std, cfg.epsilon,
+              z, cfg.std_ddof)
     rows = np.repeat(np.arange(B), K)
     outcome_z = np.zeros(B)
     outcome_z[rows[is_f]] = z[is_f]
@@ -540,14 +540,13 @@ def _state_grouped(K, g, num_groups, r, is_f, is_i, pen, w, anchor, cfg: Advanta
     if has.any():
         top = int(anchor[has].max()) + 1
         key, num_keys = _dense_ids(np.where(has, g[rows] * top + anchor, -1))
-        sel = has
-        count = np.bincount(key[sel], weights=weights[sel], minlength=num_keys)
-        mean = np.bincount(key[sel], weights=weights[sel] * x[sel], minlength=num_keys) / np.maximum(count, 1e-12)
+        count = np.bincount(key[has], weights=weights[has], minlength=num_keys)
+        mean = np.bincount(key[has], weights=weights[has] * x[has], minlength=num_keys) / np.maximum(count, 1e-12)
         dev = x - mean[key]
-        shared = sel & (count[key] > 1.0 + 1e-9)  # a state reached once has nothing to be compared with
+        shared = has & (count[key] > 1.0 + 1e-9)  # a state reached once has nothing to be compared with
         step = np.where(shared, dev, 0.0)
         if cfg.turn_std:
-            var = np.bincount(key[sel], weights=weights[sel] * dev[sel] ** 2, minlength=num_keys)
+            var = np.bincount(key[has], weights=weights[has] * dev[has] ** 2, minlength=num_keys)
             sigma = np.sqrt(var / np.maximum(count - cfg.std_ddof, 1e-12) + 1e-8)
             step = np.where(shared, step / (sigma[key] + cfg.epsilon), 0.0)
         stats[0] = float(weights[shared].sum() / weights.sum())
