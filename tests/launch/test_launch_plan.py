@@ -12,6 +12,7 @@ from hydra import compose, initialize_config_dir
 from igpo.agent.agent_config import RolloutScoringConfig
 from igpo.config import ConfigError
 from igpo.launch.launch_plan import Environment, plan_launch
+from igpo.launch.separate_layout import Cluster
 from launch_dry_run import dry_run_in_process, script_dry_run
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,11 +40,12 @@ def _compose(overrides: list[str], config_name: str = "igpo_trainer"):
         return compose(config_name=config_name, overrides=overrides)
 
 
-def _plan(model_dir, *overrides, flash=False, planning_only=True, config_name="igpo_trainer", env_memory_gb=None):
+def _plan(model_dir, *overrides, flash=False, planning_only=True, config_name="igpo_trainer", env_memory_gb=None,
+          cluster=None):
     config = _compose([f"actor_rollout_ref.model.path={model_dir}", *(f"{k}={v}" for k, v in DATA.items()),
                        *overrides], config_name)
     return config, plan_launch(config, Environment(flash_attn=flash, planning_only=planning_only,
-                                                   gpu_memory_gb=env_memory_gb))
+                                                   gpu_memory_gb=env_memory_gb, cluster=cluster))
 
 
 def test_node8_with_flash_attention_spreads_a_trajectory_over_four_gpus(qwen3_4b):
@@ -287,18 +289,83 @@ def test_separate_async_on_the_cpu_refuses_a_gpu_checkpoint_engine(qwen3_4b):
         _plan(qwen3_4b, SEPARATE, "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl", config_name="cpu_demo")
 
 
-def test_separate_async_on_gpus_names_every_override_verl_would_assert(qwen3_4b):
+def _layout(plan) -> str:
+    """The plan's note of the separate_async layout."""
+    return next(note for note in plan.notes if note.startswith("separate_async layout: "))
+
+
+def test_separate_async_on_one_gpu_node_names_every_override_verl_would_assert(qwen3_4b):
+    """One node and no rollout pool: the plan cannot give the rollout a node of its own, so it names the split of the
+    node and the GPU engine; the sync step it sets (verl's default 4 against 16 prompts = 1 x a mini-batch of 16)."""
     with pytest.raises(ConfigError) as refused:
-        _plan(qwen3_4b, SEPARATE, flash=True)
+        _plan(qwen3_4b, SEPARATE, flash=True, cluster=Cluster(1, 8))
     message = str(refused.value)
     for override in ("actor_rollout_ref.rollout.nnodes=<nodes>", "checkpoint_engine.backend=nccl",
-                     "trainer.v1.separate_async.parameter_sync_step=1"):
+                     "trainer.n_gpus_per_node=4 actor_rollout_ref.rollout.nnodes=1 "
+                     "actor_rollout_ref.rollout.n_gpus_per_node=4"):
         assert override in message, message
-    config, _ = _plan(qwen3_4b, SEPARATE, "actor_rollout_ref.rollout.nnodes=1",
-                      "actor_rollout_ref.rollout.n_gpus_per_node=8",
-                      "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl",
-                      "trainer.v1.separate_async.parameter_sync_step=1", flash=True)
+    config, plan = _plan(qwen3_4b, SEPARATE, "trainer.n_gpus_per_node=4", "actor_rollout_ref.rollout.nnodes=1",
+                         "actor_rollout_ref.rollout.n_gpus_per_node=4",
+                         "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl", flash=True, cluster=Cluster(1, 8))
     assert config.actor_rollout_ref.rollout.checkpoint_engine.backend == "nccl"
+    assert config.trainer.v1.separate_async.parameter_sync_step == 1
+    assert "separate_async: parameter_sync_step=1 (was 4)" in " ".join(plan.notes), plan.notes
+    assert _layout(plan).startswith("separate_async layout: trainer (FSDP actor/ref) on 1 node(s) x 4 GPU(s); "
+                                    "standalone vllm rollout on 1 node(s) x 4 GPU(s) (2 replica(s) of tensor parallel "
+                                    "2); weights through the nccl checkpoint engine"), plan.notes
+    # Without a launcher nothing knows the other nodes: the pools pass and the plan says what they need.
+    _, plan = _plan(qwen3_4b, SEPARATE, "actor_rollout_ref.rollout.nnodes=1",
+                    "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl", flash=True)
+    assert any("the cluster's size is not known here" in note and "= 2 nodes" in note for note in plan.notes)
+
+
+TWO_NODES = (SEPARATE, "trainer.nnodes=2", "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl")
+
+
+def test_separate_async_on_two_nodes_gives_the_rollout_a_node_of_its_own(qwen3_4b):
+    """NNODES=2 x 8 GPUs (the launcher sets trainer.nnodes=2) and no rollout pool: the rollout gets one node, the
+    trainer the other; the dry run's plan is the trainer's pool and a note names the whole layout."""
+    config, plan = _plan(qwen3_4b, *TWO_NODES, flash=True, cluster=Cluster(2, 8))
+    rollout = config.actor_rollout_ref.rollout
+    assert (config.trainer.nnodes, config.trainer.n_gpus_per_node) == (1, 8)
+    assert (rollout.nnodes, rollout.n_gpus_per_node) == (1, 8)
+    assert config.trainer.v1.separate_async.parameter_sync_step == 1
+    assert (plan.nodes, plan.gpus) == (1, 8)
+    assert _layout(plan) == ("separate_async layout: trainer (FSDP actor/ref) on 1 node(s) x 8 GPU(s); standalone "
+                             "vllm rollout on 1 node(s) x 8 GPU(s) (4 replica(s) of tensor parallel 2); weights through "
+                             "the nccl checkpoint engine after every 1 update(s) (parameter_sync_step); cluster 2 "
+                             "node(s) x 8 GPU(s)"), plan.notes
+    assert any(note.startswith("separate_async: the standalone rollout planned onto a node of its own") and
+               "trainer.nnodes=1 (was 2)" in note for note in plan.notes), plan.notes
+
+
+@pytest.mark.parametrize("overrides, refusal", [
+    (("actor_rollout_ref.rollout.nnodes=1",),
+     "trainer.nnodes=2 + actor_rollout_ref.rollout.nnodes=1 = 3 nodes > the cluster's 2 (2 node(s) x 8 GPU(s))"),
+    (("trainer.nnodes=1", "actor_rollout_ref.rollout.nnodes=1", "actor_rollout_ref.rollout.n_gpus_per_node=16"),
+     "actor_rollout_ref.rollout.n_gpus_per_node=16 > the 8 GPUs of a node"),
+    (("trainer.nnodes=1", "actor_rollout_ref.rollout.nnodes=1", "actor_rollout_ref.rollout.n_gpus_per_node=6",
+      "actor_rollout_ref.rollout.tensor_model_parallel_size=4"),
+     "actor_rollout_ref.rollout.tensor_model_parallel_size=4 = 4 GPUs per vLLM replica does not divide the standalone "
+     "rollout's 1 node(s) x 6 GPU(s)"),
+    (("actor_rollout_ref.rollout.checkpoint_engine.backend=naive",), "checkpoint_engine.backend=nccl (or nixl"),
+], ids=["nodes", "gpus_per_node", "tensor_parallel", "naive_engine"])
+def test_separate_async_refuses_a_layout_the_cluster_cannot_hold(qwen3_4b, overrides, refusal):
+    with pytest.raises(ConfigError) as refused:
+        _plan(qwen3_4b, *TWO_NODES, *overrides, flash=True, cluster=Cluster(2, 8))
+    assert refusal in str(refused.value), str(refused.value)
+
+
+def test_the_script_plans_separate_async_on_two_nodes_of_eight_gpus(qwen3_4b):
+    """The launcher passes the cluster (NNODES x IGPO_GPUS) beside the trainer's keys it sets from them."""
+    rc, out = script_dry_run({"IGPO_GPUS": "8", "NNODES": "2", "MODEL_PATH": str(qwen3_4b)}, SEPARATE,
+                             "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl",
+                             unset=("CUDA_VISIBLE_DEVICES", "IGPO_PRESET", "IGPO_RECIPE", "IGPO_CLUSTER"))
+    assert rc == 0, out[-3000:]
+    assert ("igpo: note: separate_async layout: trainer (FSDP actor/ref) on 1 node(s) x 8 GPU(s); standalone vllm "
+            "rollout on 1 node(s) x 8 GPU(s)") in out, out[-3000:]
+    assert "cluster 2 node(s) x 8 GPU(s)" in out, out[-3000:]
+    assert out.strip().splitlines()[-1].startswith("igpo: dry run ok: gpus=8 nodes=1 rollout=vllm tp=2"), out[-3000:]
 
 
 def test_dry_run_reports_a_layout_verl_rejects(qwen3_4b, capsys):
