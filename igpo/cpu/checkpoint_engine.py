@@ -17,7 +17,10 @@ One weight sync, in verl's order of calls:
                         master packs the tensors into buckets of ``bucket_size`` bytes, puts each in the object
                         store and posts its reference, tagged with the weight version (``global_steps``)
     receive_weights     each rollout worker reads the posted buckets in order until the master closes the version,
-                        refusing a bucket of another version than the one it was asked to load
+                        refusing a bucket of another version than the one it was asked to load; the close carries
+                        the sender's fingerprint of the version (per tensor, the float64 sum and sum of squares,
+                        added up in order) and Ray node, and the receiver, having computed the same over what it
+                        read, refuses a version whose fingerprint differs and logs where it loaded which version
     finalize            the master empties the mailbox, which frees the buckets in the object store
 
 Every receiver reads every bucket, so any number of replicas load the same version. A sender that fails closes the
@@ -27,6 +30,7 @@ version with its error, and the receivers raise it instead of waiting for bucket
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any, AsyncGenerator, Generator
 
 import ray
@@ -37,9 +41,26 @@ from verl.workers.rollout.utils import ensure_async_iterator
 BACKEND = "ray_object_store"
 MAILBOX_NAME = "igpo_weight_mailbox_{owner}"
 
+logger = logging.getLogger(__name__)
+
 
 class WeightSyncError(RuntimeError):
-    """The sender of a weight version failed, or a receiver got buckets of another version than it was asked for."""
+    """The sender of a weight version failed, or a receiver got buckets of another version than it was asked for,
+    or tensors whose fingerprint differs from the sender's."""
+
+
+class Fingerprint:
+    """Order-dependent float64 sums over a version's tensors: the same tensors in the same order give the same
+    figure on every node, bit for bit, so a receiver can tell that it loaded what the sender sent."""
+
+    def __init__(self) -> None:
+        self.tensors = 0
+        self.total = 0.0
+
+    def add(self, tensor: torch.Tensor) -> None:
+        values = tensor.detach().to("cpu", torch.float64)
+        self.total += float(values.sum()) + float((values * values).sum())
+        self.tensors += 1
 
 
 @ray.remote(num_cpus=0)
@@ -53,11 +74,12 @@ class WeightMailbox:
         self._buckets: list[tuple[int | None, list[ray.ObjectRef]]] = []
         self._closed = False
         self._error: str | None = None
+        self._summary: dict[str, Any] | None = None
         self._changed = asyncio.Condition()
 
     async def clear(self) -> None:
         async with self._changed:
-            self._buckets, self._closed, self._error = [], False, None
+            self._buckets, self._closed, self._error, self._summary = [], False, None, None
             self._changed.notify_all()
 
     async def post(self, version: int | None, bucket: list[ray.ObjectRef]) -> None:
@@ -65,20 +87,24 @@ class WeightMailbox:
             self._buckets.append((version, bucket))
             self._changed.notify_all()
 
-    async def close(self, error: str | None = None) -> None:
+    async def close(self, error: str | None = None, summary: dict[str, Any] | None = None) -> None:
+        """End the version: with the sender's ``error``, or complete with its ``summary`` (fingerprint, tensors,
+        node)."""
         async with self._changed:
-            self._closed, self._error = True, error
+            self._closed, self._error, self._summary = True, error, summary
             self._changed.notify_all()
 
-    async def read(self, index: int) -> tuple[int | None, list[ray.ObjectRef] | None, str | None]:
-        """Bucket ``index`` as (version, [reference], None), waiting until it is posted; (None, None, error) once the
-        version is closed with fewer buckets (``error`` is None after a complete send)."""
+    async def read(self, index: int) -> tuple[int | None, list[ray.ObjectRef] | None, str | None,
+                                             dict[str, Any] | None]:
+        """Bucket ``index`` as (version, [reference], None, None), waiting until it is posted; (None, None, error,
+        summary) once the version is closed with fewer buckets (``error`` is None after a complete send, and
+        ``summary`` the sender's)."""
         async with self._changed:
             await self._changed.wait_for(lambda: index < len(self._buckets) or self._closed)
             if index < len(self._buckets):
                 version, bucket = self._buckets[index]
-                return version, bucket, None
-            return None, None, self._error
+                return version, bucket, None, None
+            return None, None, self._error, self._summary
 
 
 @CheckpointEngineRegistry.register(BACKEND)
@@ -145,9 +171,11 @@ class ObjectStoreCheckpointEngine(CheckpointEngine):
         bucket: dict[str, torch.Tensor] = {}
         size = 0
         tensors = buckets = total = 0
+        fingerprint = Fingerprint()
         try:
             async for name, tensor in ensure_async_iterator(weights):
                 tensor = tensor.detach().to("cpu").contiguous()
+                fingerprint.add(tensor)
                 if bucket and size + tensor.nbytes > self.bucket_size:
                     await mailbox.post.remote(global_steps, [ray.put(bucket)])
                     buckets += 1
@@ -163,7 +191,8 @@ class ObjectStoreCheckpointEngine(CheckpointEngine):
             await mailbox.close.remote(f"the sender (actor rank 0) failed after {tensors} tensors: "
                                        f"{type(error).__name__}: {error}")
             raise
-        await mailbox.close.remote()
+        await mailbox.close.remote(summary={"fingerprint": fingerprint.total, "tensors": fingerprint.tensors,
+                                            "node": ray.get_runtime_context().get_node_id()})
         return {"weight_sync/tensors": float(tensors), "weight_sync/buckets": float(buckets),
                 "weight_sync/megabytes": total / 2**20}
 
@@ -171,16 +200,19 @@ class ObjectStoreCheckpointEngine(CheckpointEngine):
                               ) -> AsyncGenerator[tuple[str, torch.Tensor], None]:
         mailbox = self._require_mailbox("receive_weights")
         index = 0
+        fingerprint = Fingerprint()
         while True:
-            version, bucket, error = await mailbox.read.remote(index)
+            version, bucket, error, summary = await mailbox.read.remote(index)
             if bucket is None:
                 if error is not None:
                     raise WeightSyncError(f"{BACKEND}: weight version {global_steps} was not delivered: {error}")
+                _check_fingerprint(global_steps, fingerprint, summary)
                 return
             if version != global_steps:
                 raise WeightSyncError(f"{BACKEND}: asked to load weight version {global_steps}, but bucket {index} "
                                       f"is of version {version}; the trainer and the rollout disagree on the step.")
             for name, tensor in (await bucket[0]).items():
+                fingerprint.add(tensor)
                 yield name, tensor
             index += 1
 
@@ -189,3 +221,16 @@ class ObjectStoreCheckpointEngine(CheckpointEngine):
             raise WeightSyncError(f"{BACKEND}: {call} before init_process_group; verl's CheckpointEngineManager "
                                   "calls prepare, build_topology and init_process_group first.")
         return self._mailbox
+
+
+def _check_fingerprint(version: int | None, received: Fingerprint, summary: dict[str, Any] | None) -> None:
+    """Refuse a version whose tensors are not the sender's; log where it was loaded and from which node."""
+    if summary is None:
+        raise WeightSyncError(f"{BACKEND}: weight version {version} was closed without the sender's fingerprint.")
+    if (received.tensors, received.total) != (summary["tensors"], summary["fingerprint"]):
+        raise WeightSyncError(f"{BACKEND}: weight version {version}: received {received.tensors} tensors with "
+                              f"fingerprint {received.total!r}, the sender sent {summary['tensors']} with "
+                              f"{summary['fingerprint']!r}; the weights changed on the way.")
+    node = ray.get_runtime_context().get_node_id()
+    logger.warning("igpo: weight version %s loaded on Ray node %s from Ray node %s (%d tensors, fingerprint %r: "
+                   "the sender's)", version, node[:8], str(summary["node"])[:8], received.tensors, received.total)

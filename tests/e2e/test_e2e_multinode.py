@@ -3,7 +3,9 @@ fake GPU each), `bash train_igpo.sh` joining it through RAY_ADDRESS with trainer
 without TOOL_SERVER_URL: the launcher's tool server must be reached from both nodes (the per-node /health check
 before the models load, then the tool calls of the agent-loop workers on each node). The same run is the two-rank
 check: two FSDP2 ranks (one per node) shard the actor-side answer scoring in lockstep, their scores match the
-rollout's, and the rollout serves the actor's weights after an update.
+rollout's, and the rollout serves the actor's weights after an update. A second run on the same kind of cluster puts
+``igpo_separate_async``'s standalone rollout on the node the trainer does not use: the weights cross nodes at every
+sync, and the receiving node checks their version and the sender's fingerprint.
 
 The nodes are private to the test: own temp dir, own ports, token authentication off (RAY_AUTH_MODE=disabled: Ray
 2.60 turns it on for new clusters, and no one else joins this one). Each `ray start --block` runs in its own process
@@ -183,3 +185,43 @@ def test_two_nodes_one_actor_rank_each_with_our_plugin(tmp_path, two_node_cluste
     assert len(adv) == 2 and min(adv) > 0, adv
     # The TensorBoard events are where the launcher said, though the cluster's workers did not inherit its environment.
     assert list((tmp_path / "run" / "tensorboard").rglob("events.out.tfevents.*")), "no TensorBoard events in the run"
+
+
+def test_the_standalone_rollout_on_a_node_of_its_own(tmp_path, two_node_cluster):
+    """``igpo_separate_async`` over the two nodes: the trainer's pool (one actor rank) takes one node's only "GPU"
+    and the standalone rollout's pool the other's, so every weight sync crosses nodes through the CPU checkpoint
+    engine, and the rollout's node checks the version and the sender's fingerprint of what it loads."""
+    address, cluster_env = two_node_cluster
+    env = {**cluster_env, "RAY_ADDRESS": address, "NNODES": "2", "OUTPUT_DIR": str(tmp_path / "run"),
+           "IGPO_DEVICE": "cpu"}
+    env.pop("TOOL_SERVER_URL", None)
+    steps = 3
+    rc, out = run_guarded(["bash", "train_igpo.sh", *SEARCHING_DEMO, f"trainer.total_training_steps={steps}",
+                           "trainer.v1.trainer_mode=igpo_separate_async",
+                           "trainer.nnodes=1", "trainer.n_gpus_per_node=1",
+                           "actor_rollout_ref.rollout.nnodes=1", "actor_rollout_ref.rollout.n_gpus_per_node=1",
+                           "actor_rollout_ref.actor.optim.lr_warmup_steps=0"], env, timeout=900)
+    assert rc == 0, out[-4000:]
+    log = (tmp_path / "run" / "train.log").read_text()
+    assert "Connecting to existing Ray cluster" in log, "the trainer started its own Ray instead of joining"
+    placement = re.search(r"igpo: actor ranks on Ray nodes (\[.*?\]) \((\d) distinct\)", log)
+    assert placement, log[-3000:]
+    actor_nodes = json.loads(placement.group(1))
+    assert len(actor_nodes) == 1, actor_nodes
+    # Every weight version the rollout loaded came from the actor's node to the other one, intact.
+    loads = re.findall(r"igpo: weight version (\d+) loaded on Ray node ([0-9a-f]{8}) from Ray node ([0-9a-f]{8}) "
+                       r"\((\d+) tensors, fingerprint", log)
+    assert loads, log[-3000:]
+    versions = sorted({int(version) for version, *_ in loads})
+    assert versions[-1] >= steps - 1 and len(versions) >= steps - 1, loads
+    assert all(sender == actor_nodes[0][:8] and receiver != sender for _, receiver, sender, _ in loads), loads
+    assert "the weights changed on the way" not in log
+    # IGPO's signal at every step: answers scored on the actor, advantages made.
+    for key in ("igpo/scoring_tokens", "igpo/ig_applied", "igpo/adv_abs_mean"):
+        values = [float(v) for v in re.findall(rf"{key}:([0-9.eE+-]+)", log)]
+        assert len(values) == steps and min(values) > 0, (key, values)
+    assert [float(v) for v in re.findall(r"igpo/scoring_errors:([0-9.eE+-]+)", log)] == [0.0] * steps
+    # Off-policy as the mode is: trained trajectories sampled by older weights after the first step.
+    staleness = [float(v) for v in
+                 re.findall(r"training/off_policy/trajectory_staleness/mean:(?:np\.float64\()?([0-9.eE+-]+)", log)]
+    assert len(staleness) == steps and min(staleness[1:]) >= 1, staleness

@@ -12,7 +12,7 @@ import torch
 from verl.checkpoint_engine import CheckpointEngineRegistry
 from verl.utils.import_utils import import_external_libs
 
-from igpo.cpu.checkpoint_engine import BACKEND, ObjectStoreCheckpointEngine, WeightSyncError
+from igpo.cpu.checkpoint_engine import BACKEND, Fingerprint, ObjectStoreCheckpointEngine, WeightSyncError
 from igpo.cpu.hf_rollout import SERVER_NAME, HFRolloutServer, HFServerAdapter
 from igpo.launch.launch_plan import CPU_CHECKPOINT_ENGINE, CPU_CHECKPOINT_MODULE
 
@@ -166,6 +166,35 @@ def test_a_standalone_hf_server_loads_the_sent_weights_as_the_sent_version(hosts
     assert out.extra_fields["global_steps"] == 7
     assert out.log_probs[0] == pytest.approx(-math.log(model.config.vocab_size), abs=1e-6)
     ray.kill(server)
+
+
+def test_a_receiver_refuses_tensors_that_are_not_the_senders(hosts):
+    """The sender's fingerprint travels with the version's close; a bucket changed in the object store on the way (here
+    replaced in the mailbox by one whose tensor differs in one element) is refused by every receiver, not loaded."""
+    senders, receivers = hosts
+    weights = _weights(8)
+    metadata = ray.get([h.call.remote("prepare") for h in senders + receivers])
+    name = next(entry["mailbox"] for entry in metadata if entry.get("mailbox"))
+    mailbox = ray.get_actor(name)
+    good = Fingerprint()
+    for tensor in weights.values():
+        good.add(tensor)
+    changed = {key: tensor.clone() for key, tensor in weights.items()}
+    changed["lm_head.bias"][0] += 1
+    ray.get(mailbox.post.remote(9, [ray.put(changed)]))
+    ray.get(mailbox.close.remote(summary={"fingerprint": good.total, "tensors": good.tensors, "node": "sender"}))
+    for host in receivers:
+        ray.get(host.call.remote("init_process_group", mailbox=name))
+    try:
+        for error in [_outcome(h.receive.remote(9)) for h in receivers]:
+            assert isinstance(error, WeightSyncError), error
+            assert "weight version 9: received 4 tensors with fingerprint" in str(error)
+            assert "the weights changed on the way" in str(error)
+    finally:
+        ray.get([h.call.remote("finalize") for h in senders + receivers])
+    # The same tensors as the sender fingerprinted them load.
+    _, received = _sync(senders, receivers, weights, version=10)
+    assert all(len(tensors) == 4 for tensors in received)
 
 
 def test_build_topology_needs_exactly_one_sender():
