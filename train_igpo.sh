@@ -378,6 +378,17 @@ set -e
 if [ "$STATUS" -ne 0 ]; then
     echo "igpo: training failed (exit $STATUS); last lines of $LOG:"
     grep -v "UserWarning\|warnings.warn" "$LOG" | tail -n 15
+    # A process of the run that died (a rollout server, a worker) is an infrastructure failure, not the model's: name
+    # it, and where the run can go on from.
+    DIED=$(grep -m 1 -A 6 "ActorDiedError" "$LOG" | sed -n 's/.*\(class_name\|name\): \([A-Za-z0-9_]*\).*/\2/p' \
+           | paste -sd ' ' - || true)
+    [ -z "$DIED" ] || echo "igpo: a process of the run died (Ray actor $DIED): an infrastructure failure, not a" \
+        "training error; nothing after the newest checkpoint is kept"
+    CHECKPOINTS="$RUN_DIR/checkpoints"
+    for arg in "${ARGS[@]}"; do case "$arg" in trainer.default_local_dir=*) CHECKPOINTS="${arg#*=}" ;; esac; done
+    NEWEST=$(cat "$CHECKPOINTS/latest_checkpointed_iteration.txt" 2>/dev/null || true)
+    [ -z "$NEWEST" ] || echo "igpo: the newest checkpoint is step $NEWEST ($CHECKPOINTS/global_step_$NEWEST); to go on" \
+        "from it, rerun with trainer.resume_mode=auto and trainer.default_local_dir=$CHECKPOINTS"
     exit "$STATUS"
 fi
 LAST=$(grep -o "step:[0-9]* - .*" "$LOG" | tail -n 1 || true)
