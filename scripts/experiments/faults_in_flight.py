@@ -205,7 +205,8 @@ def scenario(mode: str, fault: str, at: int, steps: int, out: Path, timeout: flo
         victims = _members(process.pid, PATTERNS[fault])
         for pid in victims:
             os.kill(pid, signal.SIGKILL)
-        injected = f"{len(victims)} process(es) matching {PATTERNS[fault]!r} killed (SIGKILL) after step {at} was logged"
+        injected = (f"{len(victims)} process(es) matching {PATTERNS[fault]!r} killed (SIGKILL) after step {at} was "
+                    "logged")
     rc, ended_s = _finish(process, timeout)
     run_dir = out / "run"
     first_log = run_dir / "train.log"
