@@ -51,16 +51,22 @@ def _members(session: int, pattern: str) -> list[int]:
     return [int(pid) for pid in found]
 
 
-def _wait_for(path: Path, pattern: str, process: subprocess.Popen, timeout: float) -> bool:
-    """True once ``pattern`` is in the file; False if the run ended first or the time ran out."""
+def _wait_until(ready, process: subprocess.Popen, timeout: float) -> bool:
+    """True once ``ready()`` holds; False if the run ended first or the time ran out."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if path.exists() and re.search(pattern, path.read_text(errors="replace")):
+        if ready():
             return True
         if process.poll() is not None:
             return False
-        time.sleep(1.0)
+        time.sleep(0.5)
     return False
+
+
+def _wait_for(path: Path, pattern: str, process: subprocess.Popen, timeout: float) -> bool:
+    """True once ``pattern`` is in the file; False if the run ended first or the time ran out."""
+    return _wait_until(lambda: path.exists() and re.search(pattern, path.read_text(errors="replace")) is not None,
+                       process, timeout)
 
 
 def _launch(out: Path, name: str, mode: str, steps: int, extra: list[str]) -> tuple[subprocess.Popen, Path]:
@@ -198,7 +204,7 @@ def scenario(mode: str, fault: str, at: int, steps: int, out: Path, timeout: flo
         # pointer after its own files), and step at + 1 is not yet logged.
         marker = rf"igpo: checkpoint saved[^\n]*\"global_step\": {at}\b"
         if _wait_for(out / "run" / "train.log", marker, process, timeout) and \
-                _wait_for_pointer(out / "run", at, process, timeout):
+                _wait_until(lambda: _checkpoint_step(out / "run") == at, process, timeout):
             _kill_group(process.pid)
             injected = f"the launcher's process group killed (SIGKILL) after step {at}'s checkpoint"
     elif _wait_for(out / "run" / "train.log", rf"step:{at} - ", process, timeout):
@@ -232,17 +238,6 @@ def scenario(mode: str, fault: str, at: int, steps: int, out: Path, timeout: flo
                             **accounting(first, second, checkpoint, fetched, completed=rc == 0)}
     (out / "result.json").write_text(json.dumps(result, indent=1) + "\n")
     return result
-
-
-def _wait_for_pointer(run_dir: Path, step: int, process: subprocess.Popen, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if _checkpoint_step(run_dir) == step:
-            return True
-        if process.poll() is not None:
-            return False
-        time.sleep(0.5)
-    return False
 
 
 def main(argv: list[str] | None = None) -> int:
