@@ -35,6 +35,8 @@ import sys
 import time
 from pathlib import Path
 
+from comparison_runs import parse_log
+
 REPO = Path(__file__).resolve().parents[2]
 PROMPTS, SAMPLES = 32, 2
 RUN = [f"data.train_batch_size={PROMPTS}", f"actor_rollout_ref.actor.ppo_mini_batch_size={PROMPTS}",
@@ -42,6 +44,8 @@ RUN = [f"data.train_batch_size={PROMPTS}", f"actor_rollout_ref.actor.ppo_mini_ba
        "trainer.save_freq=1", "actor_rollout_ref.actor.optim.lr_warmup_steps=0"]
 FAULTS = ("tool_server", "rollout", "trainer")
 PATTERNS = {"tool_server": "-m tool_server", "rollout": "ray::HFRolloutServer"}
+# The console lines that say why a run ended: the breaker's, an error, the launcher's lines after a failure.
+STOP_LINES = r"infra breaker|Error|error:|Traceback|igpo: a process of the run died|igpo: the newest checkpoint"
 
 
 def _members(session: int, pattern: str) -> list[int]:
@@ -137,13 +141,10 @@ def step_counts(steps: dict[int, list[str]], masked: dict[int, float]) -> dict[s
 
 
 def _masked(train_log: Path) -> dict[int, float]:
+    """``igpo/infra_masked_trajectories`` of every step the training log has a metrics line for."""
     text = train_log.read_text(errors="replace") if train_log.exists() else ""
-    found = {}
-    for step, line in re.findall(r"step:(\d+) - (.*)", text):
-        value = re.search(r"igpo/infra_masked_trajectories:(?:np\.float64\()?([0-9.eE+-]+)", line)
-        if value:
-            found[int(step)] = float(value.group(1))
-    return found
+    return {step: metrics["igpo/infra_masked_trajectories"] for step, metrics in parse_log(text).items()
+            if "igpo/infra_masked_trajectories" in metrics}
 
 
 def _saved(train_log: Path) -> dict[int, dict]:
@@ -170,8 +171,8 @@ def accounting(first: dict[int, list[str]], second: dict[int, list[str]], checkp
     lost = {g for s, groups in first.items() if s > checkpoint for g in groups}
     carried = {g for groups in second.values() for g in groups if _prompt_number(g) < fetched} - \
         {g for groups in kept.values() for g in groups}
-    dropped = sorted(n for n in range(fetched) if not any(_prompt_number(g) == n for g in trained)) \
-        if completed else None
+    numbers = {_prompt_number(g) for g in trained}
+    dropped = sorted(set(range(fetched)) - numbers) if completed else None
     return {"groups_trained_in_two_steps": sorted(g for g, steps in steps_of.items() if len(steps) > 1),
             "first_run_steps_after_its_checkpoint": sorted(s for s in first if s > checkpoint),
             "groups_of_those_steps": len(lost),
@@ -223,7 +224,7 @@ def scenario(mode: str, fault: str, at: int, steps: int, out: Path, timeout: flo
               "first": {"exit": rc, "seconds_to_exit_after_fault": round(ended_s, 1),
                         "trained": step_counts(first, _masked(run_dir / "train_first.log")),
                         "checkpoint": checkpoint,
-                        "stop_lines": _lines(console, r"infra breaker|Error|error:|Traceback|igpo: run failed")[-8:]}}
+                        "stop_lines": _lines(console, STOP_LINES)[-8:]}}
     if fault in ("tool_server", "trainer") and injected and checkpoint:
         (run_dir / "trajectories_first").mkdir(exist_ok=True)
         for path in (run_dir / "trajectories").glob("*.jsonl"):

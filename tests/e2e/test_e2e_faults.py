@@ -7,19 +7,17 @@ infrastructure failure and say from which checkpoint the run goes on; and no ste
 cut short (every trained group has its ``rollout.n`` samples, in our trajectory log, written before verl's own end of
 the step)."""
 
-import importlib.util
 import json
+import sys
 
 import pytest
 
 from guarded_run import REPO
 
-pytestmark = pytest.mark.e2e
+sys.path.insert(0, str(REPO / "scripts" / "experiments"))  # the script and the comparison modules it imports
+import faults_in_flight as faults  # noqa: E402
 
-_spec = importlib.util.spec_from_file_location("faults_in_flight", REPO / "scripts" / "experiments" /
-                                               "faults_in_flight.py")
-faults = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(faults)
+pytestmark = pytest.mark.e2e
 
 
 def test_a_killed_standalone_rollout_ends_the_run_naming_it_and_trains_no_cut_group(tmp_path):

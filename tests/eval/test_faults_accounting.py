@@ -1,14 +1,13 @@
 """The counting of scripts/experiments/faults_in_flight.py (results/async/2026-12-07-faults.md): across a stopped run
 and its resume, which prompt groups trained twice, were carried over from the first run, or were never trained."""
 
-import importlib.util
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "scripts" / "experiments" / "faults_in_flight.py"
-spec = importlib.util.spec_from_file_location("faults_in_flight", SCRIPT)
-faults = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(faults)
+sys.path.insert(0, str(ROOT / "scripts" / "experiments"))  # the script and the comparison modules it imports
+
+import faults_in_flight as faults  # noqa: E402
 
 
 def _groups(*numbers, fetch=1):
